@@ -1,0 +1,44 @@
+"""Classical baselines, by environment. ``make_baseline(name, env_id, seed)`` builds one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rl_llm.agents.baselines.bandits import (
+    UCB1,
+    EpsilonGreedy,
+    LinUCBAgent,
+    RandomArm,
+    RandomContextualArm,
+    ThompsonSampling,
+)
+from rl_llm.agents.baselines.tictactoe import Minimax, RandomMove
+from rl_llm.agents.policy import Policy
+
+# env id -> baseline name -> factory(seed)
+BASELINES: dict[str, dict[str, Callable[..., Policy]]] = {
+    "rl-llm/MultiArmedBandit-v0": {
+        "random": RandomArm,
+        "epsilon_greedy": EpsilonGreedy,
+        "ucb": UCB1,
+        "thompson": ThompsonSampling,
+    },
+    "rl-llm/ContextualBandit-v0": {"random": RandomContextualArm, "linucb": LinUCBAgent},
+    "rl-llm/TicTacToe-v0": {"random": RandomMove, "minimax": Minimax},
+}
+
+
+def baselines_for(env_id: str) -> list[str]:
+    return list(BASELINES.get(env_id, {}))
+
+
+def make_baseline(name: str, env_id: str, seed: int | None = None) -> Policy:
+    available = BASELINES.get(env_id)
+    if not available:
+        raise ValueError(f"no baselines are defined for {env_id}")
+    if name not in available:
+        raise ValueError(f"unknown baseline {name!r} for {env_id}; choose from {sorted(available)}")
+    return available[name](seed=seed)
+
+
+__all__ = ["BASELINES", "baselines_for", "make_baseline"]

@@ -1,0 +1,182 @@
+"""What the multi-armed and the contextual bandit share: arm labels, action parsing, the three reward
+modes of the research protocols (raw, strategic = regret-shaped, algorithmic = match UCB) and the metrics
+of "LLMs are Greedy Agents" (cumulative regret, untried arms, greedy choices).
+
+A subclass draws the instance in ``_draw_instance`` and supplies the per-step expected arm rewards
+(``_arm_means``), the noisy sample (``_sample_reward``), the UCB-style reference choice (``_reference_arm``)
+and the observation text.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+import numpy as np
+
+from rl_llm.envs.base import Outcome, Task, TextEnv
+from rl_llm.envs.parsing import extract_tag
+
+ARM_LABELS = string.ascii_uppercase
+REWARD_MODES = ("raw", "strategic", "algorithmic")
+HISTORY_MODES = ("summary", "full")
+
+
+def ucb1_choice(counts: np.ndarray, sums: np.ndarray, c: float = 1.0) -> np.ndarray:
+    """Arms UCB1 would pull next (all ties): untried arms first, else argmax of mean + c*sqrt(2 ln t / n)."""
+    untried = np.flatnonzero(counts == 0)
+    if untried.size:
+        return untried
+    t = counts.sum()
+    index = sums / counts + c * np.sqrt(2.0 * np.log(t) / counts)
+    return np.flatnonzero(index >= index.max() - 1e-12)
+
+
+def parse_arm(action: str, num_arms: int) -> int | None:
+    """The arm index of the last ``<action>LABEL</action>`` (also ``Arm B``/``b``), or None."""
+    content = extract_tag(action, "action", last=True)
+    if content is None:
+        return None
+    label = content.strip().upper()
+    if label.startswith("ARM "):
+        label = label[4:].strip()
+    if len(label) == 1 and label in ARM_LABELS[:num_arms]:
+        return ARM_LABELS.index(label)
+    return None
+
+
+class BanditEnv(TextEnv):
+    """Shared step logic of the bandit environments (not registered itself)."""
+
+    stop = ("</action>",)
+    env_name = "Bandit"
+
+    def __init__(
+        self,
+        *,
+        num_arms: int,
+        horizon: int,
+        history: str,
+        reward_mode: str,
+        invalid_action_penalty: float,
+        render_mode: str | None,
+    ) -> None:
+        if not 2 <= num_arms <= len(ARM_LABELS):
+            raise ValueError(f"num_arms must be in 2..{len(ARM_LABELS)}, got {num_arms}")
+        if horizon < 1:
+            raise ValueError(f"horizon must be at least 1, got {horizon}")
+        if history not in HISTORY_MODES:
+            raise ValueError(f"history must be one of {HISTORY_MODES}, got {history!r}")
+        if reward_mode not in REWARD_MODES:
+            raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {reward_mode!r}")
+        if invalid_action_penalty < 0:
+            raise ValueError("invalid_action_penalty is a magnitude and must be >= 0")
+        # Every turn is one pull (an invalid turn pulls a random arm), so the horizon is the turn limit.
+        super().__init__(max_turns=horizon, render_mode=render_mode)
+        self.num_arms = num_arms
+        self.horizon = horizon
+        self.history = history
+        self.reward_mode = reward_mode
+        self.invalid_action_penalty = float(invalid_action_penalty)
+        self.labels = ARM_LABELS[:num_arms]
+
+    # -- hooks for subclasses -------------------------------------------------------------------------
+    def _draw_instance(self, options: dict[str, Any]) -> str:
+        """Draw the hidden instance; return a task id that identifies it."""
+        raise NotImplementedError
+
+    def _arm_means(self) -> np.ndarray:
+        """Expected reward of every arm at the current step."""
+        raise NotImplementedError
+
+    def _sample_reward(self, arm: int) -> float:
+        raise NotImplementedError
+
+    def _reference_arms(self) -> np.ndarray:
+        """Arms the reference algorithm (UCB1 / LinUCB) would pull now, for the algorithmic reward."""
+        raise NotImplementedError
+
+    def _record(self, arm: int, reward: float) -> None:
+        """Update the algorithm-visible history after a pull."""
+
+    def _advance(self) -> None:
+        """Move to the next step (e.g. draw the next context)."""
+
+    def _system_prompt(self) -> str:
+        raise NotImplementedError
+
+    def _observation(self, feedback: str) -> str:
+        raise NotImplementedError
+
+    # -- TextEnv --------------------------------------------------------------------------------------
+    def _reset(self, options: dict[str, Any]) -> Task:
+        self.counts = np.zeros(self.num_arms, dtype=np.int64)
+        self.sums = np.zeros(self.num_arms, dtype=np.float64)
+        self.regret = 0.0
+        self.greedy_choices = 0
+        self.greedy_opportunities = 0
+        self.best_arm_pulls = 0
+        self.invalid_actions = 0
+        task_id = self._draw_instance(options)
+        return Task(observation=self._observation(""), task_id=task_id, system_prompt=self._system_prompt())
+
+    def _step(self, action: str) -> Outcome:
+        arm = parse_arm(action, self.num_arms)
+        rewards: dict[str, float] = {}
+        feedback = ""
+        if arm is None:
+            self.invalid_actions += 1
+            arm = int(self.np_random.integers(self.num_arms))
+            rewards["invalid_action"] = -self.invalid_action_penalty
+            feedback = (
+                f"Invalid action: put exactly one arm label ({', '.join(self.labels)}) inside "
+                f"<action></action>, e.g. <action>{self.labels[0]}</action>. Arm {self.labels[arm]} was pulled "
+                "at random for you.\n"
+            )
+        elif self.counts.any():
+            tried = self.counts > 0
+            empirical = np.where(tried, self.sums / np.maximum(self.counts, 1), -np.inf)
+            self.greedy_opportunities += 1
+            self.greedy_choices += bool(empirical[arm] >= empirical.max() - 1e-12)
+
+        means = self._arm_means()
+        best = float(means.max())
+        reference = self._reference_arms() if self.reward_mode == "algorithmic" else None
+        reward = self._sample_reward(arm)
+        self.regret += best - float(means[arm])
+        self.best_arm_pulls += bool(means[arm] >= best - 1e-12)
+        if self.reward_mode == "raw":
+            rewards["arm_reward"] = reward
+        elif self.reward_mode == "strategic":
+            spread = best - float(means.min())
+            rewards["strategic"] = 1.0 if spread <= 0 else (float(means[arm]) - float(means.min())) / spread
+        else:
+            rewards["matches_ucb"] = float(arm in reference)
+
+        self.counts[arm] += 1
+        self.sums[arm] += reward
+        self._record(arm, reward)
+        pulls = int(self.counts.sum())
+        metrics = {
+            "regret": self.regret,
+            "arms_untried_frac": float((self.counts == 0).mean()),
+            "greedy_share": self.greedy_choices / self.greedy_opportunities if self.greedy_opportunities else 0.0,
+            "best_arm_share": self.best_arm_pulls / pulls,
+            "invalid_actions": float(self.invalid_actions),
+        }
+        terminated = pulls >= self.horizon
+        if not terminated:
+            self._advance()
+        feedback += f"Arm {self.labels[arm]} gave reward {self._format_reward(reward)}."
+        observation = self._observation(feedback) if not terminated else feedback + " The game is over."
+        return Outcome(
+            observation=observation,
+            rewards=rewards,
+            terminated=terminated,
+            invalid_action="invalid_action" in rewards,
+            metrics=metrics,
+            info={"arm": arm, "sampled_reward": reward},
+        )
+
+    def _format_reward(self, reward: float) -> str:
+        return f"{reward:.3f}"

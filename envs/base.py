@@ -1,0 +1,126 @@
+"""``TextEnv``: the shared skeleton of every single-agent rl-llm environment.
+
+It owns what DESIGN.md section 2 fixes for all environments, so each environment file only holds its game:
+turn counting and the ``max_turns`` truncation, the info keys (``system_prompt``, ``task_id``, ``stop`` on
+reset; ``reward_components``, ``invalid_action``, ``metrics`` on every step), the text transcript behind
+``render()``, and a clear error when an ended episode is stepped.
+
+A subclass implements ``_reset(options) -> Task`` and ``_step(action) -> Outcome``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import gymnasium as gym
+
+from rl_llm.envs.spaces import UnicodeText
+
+# Upper bound on one action or observation, in characters. Long enough for any real LLM turn; the
+# environments still handle longer strings (they are parsed in linear time), this only bounds the space.
+MAX_TEXT_LENGTH = 1 << 20
+
+
+@dataclass
+class Task:
+    """What ``_reset`` returns: the first observation and the per-episode facts for ``info``."""
+
+    observation: str
+    task_id: str
+    system_prompt: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    """What ``_step`` returns. ``rewards`` holds the already-weighted components; their sum is the reward."""
+
+    observation: str
+    rewards: dict[str, float]
+    terminated: bool = False
+    invalid_action: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class TextEnv(gym.Env[str, str]):
+    """Base class: a multi-turn text environment where one action is one complete LLM turn."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "human"], "render_fps": 4}
+    #: Stop strings a generator should use for this env (closing tags of actions).
+    stop: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, *, max_turns: int, render_mode: str | None = None) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        self.max_turns = max_turns
+        self.render_mode = render_mode
+        self.observation_space = UnicodeText(MAX_TEXT_LENGTH)
+        self.action_space = UnicodeText(MAX_TEXT_LENGTH)
+        self._turn = 0
+        self._episode_over = True
+        self._transcript: list[str] = []
+
+    # -- the two methods a subclass writes ------------------------------------------------------------
+    def _reset(self, options: dict[str, Any]) -> Task:
+        raise NotImplementedError
+
+    def _step(self, action: str) -> Outcome:
+        raise NotImplementedError
+
+    # -- Gymnasium API ----------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._turn = 0
+        self._episode_over = False
+        task = self._reset(dict(options or {}))
+        self._transcript = [f"[system]\n{task.system_prompt}", f"[user]\n{task.observation}"]
+        info = {"system_prompt": task.system_prompt, "task_id": task.task_id, "stop": list(self.stop), **task.info}
+        if self.render_mode == "human":
+            print(self.transcript)
+        return task.observation, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._episode_over:
+            raise RuntimeError(f"{type(self).__name__}: the episode has ended (or never started); call reset()")
+        if not isinstance(action, str):
+            raise TypeError(f"{type(self).__name__}: an action is one LLM turn as str, got {type(action).__name__}")
+        self._turn += 1
+        outcome = self._step(action)
+        truncated = not outcome.terminated and self._turn >= self.max_turns
+        self._episode_over = outcome.terminated or truncated
+        observation = "" if self._episode_over else outcome.observation
+        self._transcript.append(f"[assistant]\n{action}")
+        self._transcript.append(f"[{'end' if self._episode_over else 'user'}]\n{outcome.observation}")
+        info = {
+            "reward_components": outcome.rewards,
+            "invalid_action": outcome.invalid_action,
+            "metrics": outcome.metrics,
+            "turn": self._turn,
+            **outcome.info,
+        }
+        if self.render_mode == "human":
+            print(self._transcript[-2] + "\n" + self._transcript[-1])
+        return observation, float(sum(outcome.rewards.values())), outcome.terminated, truncated, info
+
+    def render(self) -> str | None:
+        """The episode's transcript as text (system prompt, observations, actions, final message).
+
+        Returned as a string; in ``"human"`` mode it was already printed step by step, so None is returned.
+        """
+        if self.render_mode == "human":
+            return None
+        return "\n\n".join(self._transcript)
+
+    @property
+    def transcript(self) -> str:
+        """The transcript text whatever the render mode."""
+        return "\n\n".join(self._transcript)
+
+    @property
+    def turn(self) -> int:
+        """Turns taken in the current episode."""
+        return self._turn

@@ -1,0 +1,146 @@
+"""Parsing of LLM turns: XML-style tags and OpenAI-style JSON tool calls.
+
+Every function here runs in linear time in the length of the text (``str.find``, no backtracking regex
+over the whole turn), so a megabyte of unclosed or nested tags cannot stall an environment step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def extract_tag(text: str, tag: str, *, last: bool = False) -> str | None:
+    """Content of the first (or last) complete ``<tag>...</tag>`` in ``text``, or None.
+
+    Whitespace around the content is stripped. An opening tag without a closing tag does not count.
+    """
+    open_tag, close_tag = f"<{tag}>", f"</{tag}>"
+    if last:
+        end = text.rfind(close_tag)
+        if end < 0:
+            return None
+        start = text.rfind(open_tag, 0, end)
+        if start < 0:
+            return None
+        return text[start + len(open_tag) : end].strip()
+    start = text.find(open_tag)
+    if start < 0:
+        return None
+    end = text.find(close_tag, start + len(open_tag))
+    if end < 0:
+        return None
+    return text[start + len(open_tag) : end].strip()
+
+
+def extract_all_tags(text: str, tag: str, *, limit: int | None = None) -> list[str]:
+    """Contents of every complete ``<tag>...</tag>``, in order (at most ``limit`` of them)."""
+    open_tag, close_tag = f"<{tag}>", f"</{tag}>"
+    found: list[str] = []
+    position = 0
+    while limit is None or len(found) < limit:
+        start = text.find(open_tag, position)
+        if start < 0:
+            break
+        end = text.find(close_tag, start + len(open_tag))
+        if end < 0:
+            break
+        found.append(text[start + len(open_tag) : end].strip())
+        position = end + len(close_tag)
+    return found
+
+
+def first_of_tags(text: str, tags: tuple[str, ...]) -> tuple[str, str] | None:
+    """The earliest complete tag among ``tags`` as ``(tag, content)``, or None.
+
+    Used where a turn holds exactly one action of several kinds (``<search>`` or ``<answer>``).
+    """
+    best: tuple[int, str, str] | None = None
+    for tag in tags:
+        open_tag, close_tag = f"<{tag}>", f"</{tag}>"
+        start = text.find(open_tag)
+        if start < 0 or (best is not None and start > best[0]):
+            continue
+        end = text.find(close_tag, start + len(open_tag))
+        if end < 0:
+            continue
+        best = (start, tag, text[start + len(open_tag) : end].strip())
+    return None if best is None else (best[1], best[2])
+
+
+def truncate_middle(text: str, max_chars: int, note: str = "[... {n} characters truncated ...]") -> str:
+    """Keep the head and tail of ``text`` within ``max_chars``, saying how much was cut."""
+    if len(text) <= max_chars:
+        return text
+    cut = len(text) - max_chars
+    half = max_chars // 2
+    return text[:half] + "\n" + note.format(n=cut) + "\n" + text[len(text) - (max_chars - half) :]
+
+
+@dataclass
+class ToolCall:
+    """One parsed tool call. ``error`` is set (and ``name``/``arguments`` may be partial) when malformed."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+_TOOL_CALL_TAG = "tool_call"
+_JSON_OBJECT_START = re.compile(r"\{\s*\"name\"")
+
+
+def parse_json_tool_calls(text: str, *, limit: int = 16) -> list[ToolCall]:
+    """OpenAI/Hermes-style tool calls: ``<tool_call>{"name":..., "arguments":{...}}</tool_call>`` blocks,
+    or bare JSON objects with a ``"name"`` key when no such block is present.
+
+    Returns at most ``limit + 1`` calls, so a caller can tell "too many" from "exactly the limit".
+    """
+    blocks = extract_all_tags(text, _TOOL_CALL_TAG, limit=limit + 1)
+    if not blocks:
+        blocks = _bare_json_objects(text, limit + 1)
+    return [_parse_tool_call_json(block) for block in blocks]
+
+
+def _bare_json_objects(text: str, limit: int) -> list[str]:
+    decoder = json.JSONDecoder()
+    found: list[str] = []
+    position = 0
+    while len(found) < limit:
+        match = _JSON_OBJECT_START.search(text, position)
+        if match is None:
+            break
+        try:
+            _, end = decoder.raw_decode(text, match.start())
+        except json.JSONDecodeError:
+            found.append(text[match.start() :])
+            break
+        found.append(text[match.start() : end])
+        position = end
+    return found
+
+
+def _parse_tool_call_json(block: str) -> ToolCall:
+    try:
+        payload = json.loads(block)
+    except json.JSONDecodeError as exc:
+        return ToolCall(name="", error=f"tool call is not valid JSON ({exc.msg} at position {exc.pos})")
+    if not isinstance(payload, dict):
+        return ToolCall(name="", error="tool call must be a JSON object with 'name' and 'arguments'")
+    # Accept the OpenAI wire form {"type": "function", "function": {...}} as well.
+    if isinstance(payload.get("function"), dict):
+        payload = payload["function"]
+    name = payload.get("name")
+    if not isinstance(name, str) or not name:
+        return ToolCall(name="", error="tool call has no string 'name'")
+    arguments = payload.get("arguments", {})
+    if isinstance(arguments, str):  # OpenAI sends arguments as a JSON string
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as exc:
+            return ToolCall(name=name, error=f"'arguments' is not valid JSON ({exc.msg})")
+    if not isinstance(arguments, dict):
+        return ToolCall(name=name, error="'arguments' must be a JSON object")
+    return ToolCall(name=name, arguments=arguments)

@@ -1,0 +1,49 @@
+"""A Gymnasium text space that accepts any Unicode string.
+
+Gymnasium's ``Text`` space only admits characters from a fixed charset (alphanumeric by default), which
+rejects almost every real LLM turn. ``UnicodeText`` admits any ``str`` within the length bounds, while
+sampling stays reproducible from a printable charset so ``check_env`` can step with ``sample()``.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+from gymnasium.spaces import Text
+
+# Sampling charset: ASCII printables plus tag characters and a few non-ASCII letters, so random samples
+# exercise parsers without being unreadable.
+SAMPLE_CHARSET = string.ascii_letters + string.digits + string.punctuation + " \n" + "éßλ中"
+
+
+class UnicodeText(Text):
+    """Any Unicode string of ``min_length`` to ``max_length`` characters."""
+
+    def __init__(self, max_length: int = 65536, *, min_length: int = 0, seed: Any = None) -> None:
+        super().__init__(max_length, min_length=min_length, charset=SAMPLE_CHARSET, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        if mask is not None or probability is not None:
+            return super().sample(mask=mask, probability=probability)
+        # Short samples keep check_env fast; the fuzz tests cover long and hostile strings.
+        length = int(self.np_random.integers(self.min_length, min(self.max_length, 64) + 1))
+        chars = self.np_random.choice(len(self.character_list), size=length)
+        return "".join(self.character_list[i] for i in chars)
+
+    def __repr__(self) -> str:
+        return f"UnicodeText({self.min_length}, {self.max_length})"
+
+    def __eq__(self, other: Any) -> bool:
+        return (
+            isinstance(other, UnicodeText)
+            and self.min_length == other.min_length
+            and self.max_length == other.max_length
+        )
+
+    def __hash__(self) -> int:
+        return hash((UnicodeText, self.min_length, self.max_length))
+

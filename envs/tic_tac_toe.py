@@ -1,0 +1,175 @@
+"""Tic-tac-toe against a built-in opponent, played through text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rl_llm.envs.base import Outcome, Task, TextEnv
+from rl_llm.envs.parsing import extract_tag
+from rl_llm.envs.tictactoe_rules import (
+    CELL_NAMES,
+    EMPTY_BOARD,
+    legal_moves,
+    optimal_moves,
+    parse_cell,
+    play,
+    render_board,
+    winner,
+)
+
+OPPONENTS = {"random": 0.0, "minimax": 1.0, "mixed": None}
+
+
+class TicTacToeEnv(TextEnv):
+    """
+    ## Description
+    The agent plays tic-tac-toe as X or O against a built-in opponent: ``random`` (uniform legal moves),
+    ``minimax`` (perfect play, uniform among optimal moves) or ``mixed`` (minimax with probability
+    ``opponent_skill``, else random). X moves first.
+
+    ## Observation
+    The board with coordinates (rows A-C, columns 1-3; ``.`` is empty), the agent's mark, the opponent's
+    last move and, with ``show_legal_moves``, the list of legal cells.
+
+    ## Action
+    The cell inside ``<move></move>``: ``<move>B2</move>``, also ``2B``, ``2,2`` (row, column) or a cell
+    number 1..9 (row-major, 1 = A1). With several tags the last one counts. An unparseable move or an
+    occupied cell is illegal: the board does not change, the agent is told why and may try again.
+
+    ## Rewards
+    ``outcome``: +1 win, 0 draw, -1 loss, on the final step. ``illegal_move``: ``-illegal_move_penalty``
+    on every illegal move. ``info["metrics"]``: ``illegal_moves``, ``moves``, and ``win``/``draw``/``loss``
+    (1.0 for the final result, otherwise 0).
+
+    ## Episode End
+    Terminated when the game is won, drawn or lost; more than ``max_illegal_moves`` illegal moves in a row
+    lose the game. Truncated after ``max_turns`` turns (default ``5 * (max_illegal_moves + 1)``, which a
+    game cannot exceed).
+
+    ## Arguments
+    - ``agent_mark`` ("random"): ``"X"``, ``"O"`` or ``"random"`` (drawn per episode).
+    - ``opponent`` ("random"): ``"random"``, ``"minimax"`` or ``"mixed"``; ``opponent_skill`` (0.5) for mixed.
+    - ``illegal_move_penalty`` (0.1), ``max_illegal_moves`` (3), ``show_legal_moves`` (True), ``max_turns``.
+
+    ## Version History
+    - v0: initial release.
+    """
+
+    stop = ("</move>",)
+
+    def __init__(
+        self,
+        agent_mark: str = "random",
+        opponent: str = "random",
+        opponent_skill: float = 0.5,
+        illegal_move_penalty: float = 0.1,
+        max_illegal_moves: int = 3,
+        show_legal_moves: bool = True,
+        max_turns: int | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        if agent_mark not in ("X", "O", "random"):
+            raise ValueError(f"agent_mark must be 'X', 'O' or 'random', got {agent_mark!r}")
+        if opponent not in OPPONENTS:
+            raise ValueError(f"opponent must be one of {tuple(OPPONENTS)}, got {opponent!r}")
+        if not 0.0 <= opponent_skill <= 1.0:
+            raise ValueError(f"opponent_skill must be in [0, 1], got {opponent_skill}")
+        if max_illegal_moves < 0:
+            raise ValueError(f"max_illegal_moves must be >= 0, got {max_illegal_moves}")
+        super().__init__(max_turns=max_turns or 5 * (max_illegal_moves + 1), render_mode=render_mode)
+        self.agent_mark_arg = agent_mark
+        self.opponent = opponent
+        skill = OPPONENTS[opponent]
+        self.opponent_skill = opponent_skill if skill is None else skill
+        self.illegal_move_penalty = float(illegal_move_penalty)
+        self.max_illegal_moves = max_illegal_moves
+        self.show_legal_moves = show_legal_moves
+
+    def _reset(self, options: dict[str, Any]) -> Task:
+        episode_seed = int(self.np_random.integers(2**31))
+        self._rng = np.random.default_rng(episode_seed)
+        mark = options.get("agent_mark", self.agent_mark_arg)
+        if mark == "random":
+            mark = "X" if self._rng.random() < 0.5 else "O"
+        if mark not in ("X", "O"):
+            raise ValueError(f"options['agent_mark'] must be 'X', 'O' or 'random', got {mark!r}")
+        self.agent_mark, self.opponent_mark = mark, ("O" if mark == "X" else "X")
+        self.board = EMPTY_BOARD
+        self.moves = self.illegal_moves = self.illegal_streak = 0
+        opening = ""
+        if self.opponent_mark == "X":
+            opening = self._opponent_move()
+        system_prompt = (
+            f"You are playing tic-tac-toe as {self.agent_mark} against an opponent playing {self.opponent_mark}. "
+            "X moves first. Get three of your marks in a row, column or diagonal to win. Cells are named by "
+            "row letter (A-C, top to bottom) and column number (1-3, left to right). Each turn, answer with "
+            "your move inside <move></move>, for example <move>B2</move>."
+        )
+        task_id = f"TicTacToe-{self.agent_mark}-{self.opponent}{self.opponent_skill:g}-{episode_seed}"
+        return Task(observation=self._observation(opening), task_id=task_id, system_prompt=system_prompt)
+
+    def _opponent_move(self) -> str:
+        if self._rng.random() < self.opponent_skill:
+            choices: list[int] | tuple[int, ...] = optimal_moves(self.board)
+        else:
+            choices = legal_moves(self.board)
+        cell = int(choices[self._rng.integers(len(choices))])
+        self.board = play(self.board, cell, self.opponent_mark)
+        return f"The opponent played {CELL_NAMES[cell]}."
+
+    def _observation(self, message: str) -> str:
+        lines = [message] if message else []
+        lines += [render_board(self.board), f"You play {self.agent_mark}."]
+        if self.show_legal_moves:
+            lines.append("Legal moves: " + ", ".join(CELL_NAMES[c] for c in legal_moves(self.board)))
+        lines.append("Your move?")
+        return "\n".join(lines)
+
+    def _metrics(self, result: str | None) -> dict[str, float]:
+        return {
+            "illegal_moves": float(self.illegal_moves),
+            "moves": float(self.moves),
+            "win": float(result == self.agent_mark),
+            "draw": float(result == "draw"),
+            "loss": float(result == self.opponent_mark),
+        }
+
+    def _step(self, action: str) -> Outcome:
+        content = extract_tag(action, "move", last=True)
+        cell = None if content is None else parse_cell(content)
+        if cell is None or self.board[cell] != ".":
+            return self._illegal(content, cell)
+        self.illegal_streak = 0
+        self.moves += 1
+        self.board = play(self.board, cell, self.agent_mark)
+        message = ""
+        result = winner(self.board)
+        if result is None:
+            message = self._opponent_move()
+            result = winner(self.board)
+        if result is None:
+            return Outcome(self._observation(message), {"outcome": 0.0}, metrics=self._metrics(None))
+        outcome = 1.0 if result == self.agent_mark else (-1.0 if result == self.opponent_mark else 0.0)
+        verdict = {1.0: "You won!", 0.0: "The game is a draw.", -1.0: "You lost."}[outcome]
+        final = f"{message}\n{render_board(self.board)}\n{verdict}".lstrip()
+        return Outcome(final, {"outcome": outcome}, terminated=True, metrics=self._metrics(result))
+
+    def _illegal(self, content: str | None, cell: int | None) -> Outcome:
+        self.illegal_moves += 1
+        self.illegal_streak += 1
+        if content is None:
+            reason = "No move found: put your move inside <move></move>, for example <move>B2</move>."
+        elif cell is None:
+            reason = f"'{content[:40]}' is not a cell: use a row letter and column number such as B2."
+        else:
+            reason = f"{CELL_NAMES[cell]} is already taken."
+        rewards = {"outcome": 0.0, "illegal_move": -self.illegal_move_penalty}
+        if self.illegal_streak > self.max_illegal_moves:
+            rewards["outcome"] = -1.0
+            message = f"{reason}\nToo many illegal moves in a row: you lose."
+            return Outcome(message, rewards, terminated=True, invalid_action=True, metrics=self._metrics(self.opponent_mark))
+        left = self.max_illegal_moves - self.illegal_streak + 1
+        message = f"Illegal move. {reason} The board is unchanged ({left} more illegal moves in a row lose)."
+        return Outcome(self._observation(message), rewards, invalid_action=True, metrics=self._metrics(None))

@@ -1,0 +1,90 @@
+"""Tic-tac-toe rules and a perfect solver, shared by the single-agent env, the two-player PettingZoo game
+and the minimax baseline.
+
+A board is a 9-character string, row-major, of ``"X"``, ``"O"`` and ``"."``; X always moves first.
+Cells are named ``A1``..``C3`` (row letter, column digit) or numbered 1..9.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+EMPTY_BOARD = "." * 9
+LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+ROWS = "ABC"
+CELL_NAMES = tuple(f"{row}{col}" for row in ROWS for col in "123")
+
+_LETTER_DIGIT = re.compile(r"([ABC])\s*([123])")
+_DIGIT_LETTER = re.compile(r"([123])\s*([ABC])")
+_ROW_COL = re.compile(r"\(?\s*([123])\s*,\s*([123])\s*\)?")
+
+
+def winner(board: str) -> str | None:
+    """``"X"`` or ``"O"`` if that mark has three in a row, ``"draw"`` on a full board, else None."""
+    for a, b, c in LINES:
+        mark = board[a]
+        if mark != "." and mark == board[b] == board[c]:
+            return mark
+    return "draw" if "." not in board else None
+
+
+def to_move(board: str) -> str:
+    return "X" if board.count("X") == board.count("O") else "O"
+
+
+def legal_moves(board: str) -> list[int]:
+    return [i for i, mark in enumerate(board) if mark == "."]
+
+
+def play(board: str, cell: int, mark: str) -> str:
+    return board[:cell] + mark + board[cell + 1 :]
+
+
+def parse_cell(text: str) -> int | None:
+    """Cell index 0..8 from ``B2``/``b2``/``2B``, ``2,2`` (row, column) or a cell number ``1``..``9``."""
+    text = text.strip().upper()
+    if len(text) == 1 and "1" <= text <= "9":
+        return int(text) - 1
+    if match := _LETTER_DIGIT.fullmatch(text):
+        return ROWS.index(match[1]) * 3 + int(match[2]) - 1
+    if match := _DIGIT_LETTER.fullmatch(text):
+        return ROWS.index(match[2]) * 3 + int(match[1]) - 1
+    if match := _ROW_COL.fullmatch(text):
+        return (int(match[1]) - 1) * 3 + int(match[2]) - 1
+    return None
+
+
+def render_board(board: str) -> str:
+    """The board with coordinates, e.g.::
+
+          1 2 3
+        A X . .
+        B . O .
+        C . . .
+    """
+    lines = ["  1 2 3"]
+    for r, row in enumerate(ROWS):
+        lines.append(f"{row} " + " ".join(board[3 * r : 3 * r + 3]))
+    return "\n".join(lines)
+
+
+@lru_cache(maxsize=None)
+def _value(board: str) -> int:
+    """Minimax value for the player to move: >0 win, 0 draw, <0 loss; faster wins score higher."""
+    result = winner(board)
+    if result == "draw":
+        return 0
+    if result is not None:  # the previous mover won
+        return -(1 + board.count("."))
+    mark = to_move(board)
+    return max(-_value(play(board, cell, mark)) for cell in legal_moves(board))
+
+
+@lru_cache(maxsize=None)
+def optimal_moves(board: str) -> tuple[int, ...]:
+    """Every move that keeps the minimax value for the player to move (the game must not be over)."""
+    mark = to_move(board)
+    scored = [(-_value(play(board, cell, mark)), cell) for cell in legal_moves(board)]
+    best = max(score for score, _ in scored)
+    return tuple(cell for score, cell in scored if score == best)

@@ -1,0 +1,96 @@
+"""The few records that cross layers: messages, turns and trajectories.
+
+A trajectory is stored token-in, token-out: every token appears once, tagged with the role that produced it,
+so a trainer can rebuild the exact context the generator saw and mask the loss to policy tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from enum import IntEnum
+from typing import Any, Literal
+
+TRAJECTORY_SCHEMA_VERSION = 1
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass
+class Message:
+    """One chat message, in the shape chat templates and OpenAI-style APIs expect."""
+
+    role: Role
+    content: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+class TokenRole(IntEnum):
+    """Who produced a token. Only POLICY tokens carry loss, KL and entropy."""
+
+    PROMPT = 0
+    POLICY = 1
+    ENV = 2
+
+
+@dataclass
+class Turn:
+    """One agent turn: the action text, the env's reply and the reward that step returned.
+
+    ``token_start``/``token_end`` index the policy tokens of this turn inside ``Trajectory.token_ids``.
+    """
+
+    action: str
+    observation: str
+    reward: float
+    invalid_action: bool = False
+    token_start: int = 0
+    token_end: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    """A whole episode of one agent in one environment."""
+
+    env_id: str
+    task_id: str
+    seed: int | None
+    messages: list[Message] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    token_roles: list[int] = field(default_factory=list)
+    # Sampling log-probs of the generator, one per token; 0.0 for prompt/env tokens.
+    logprobs: list[float] = field(default_factory=list)
+    terminated: bool = False
+    truncated: bool = False
+    policy_version: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(turn.reward for turn in self.turns))
+
+    @property
+    def num_policy_tokens(self) -> int:
+        return sum(1 for role in self.token_roles if role == TokenRole.POLICY)
+
+    def to_json(self) -> str:
+        record = asdict(self)
+        record["schema_version"] = TRAJECTORY_SCHEMA_VERSION
+        record["total_reward"] = self.total_reward
+        return json.dumps(record, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> Trajectory:
+        record = json.loads(line)
+        version = record.pop("schema_version", None)
+        if version != TRAJECTORY_SCHEMA_VERSION:
+            raise ValueError(f"unsupported trajectory schema version {version!r}; expected {TRAJECTORY_SCHEMA_VERSION}")
+        record.pop("total_reward", None)
+        record["messages"] = [Message(**m) for m in record["messages"]]
+        record["turns"] = [Turn(**t) for t in record["turns"]]
+        return cls(**record)
