@@ -10,6 +10,7 @@ and the observation text.
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -22,8 +23,9 @@ REWARD_MODES = ("raw", "strategic", "algorithmic")
 HISTORY_MODES = ("summary", "full")
 
 
-def ucb1_choice(counts: np.ndarray, sums: np.ndarray, c: float = 1.0) -> np.ndarray:
+def ucb1_choice(counts: Sequence[float], sums: Sequence[float], c: float = 0.5) -> np.ndarray:
     """Arms UCB1 would pull next (all ties): untried arms first, else argmax of mean + c*sqrt(2 ln t / n)."""
+    counts, sums = np.asarray(counts, dtype=np.float64), np.asarray(sums, dtype=np.float64)
     untried = np.flatnonzero(counts == 0)
     if untried.size:
         return untried
@@ -85,7 +87,7 @@ class BanditEnv(TextEnv):
         """Draw the hidden instance; return a task id that identifies it."""
         raise NotImplementedError
 
-    def _arm_means(self) -> np.ndarray:
+    def _arm_means(self) -> list[float]:
         """Expected reward of every arm at the current step."""
         raise NotImplementedError
 
@@ -109,9 +111,12 @@ class BanditEnv(TextEnv):
         raise NotImplementedError
 
     # -- TextEnv --------------------------------------------------------------------------------------
+    # The step runs on plain Python lists: with a handful of arms, numpy's per-call overhead would
+    # dominate the cost of a step (see benchmarks/env_step.py).
     def _reset(self, options: dict[str, Any]) -> Task:
-        self.counts = np.zeros(self.num_arms, dtype=np.int64)
-        self.sums = np.zeros(self.num_arms, dtype=np.float64)
+        self.counts = [0] * self.num_arms
+        self.sums = [0.0] * self.num_arms
+        self.pulls = 0
         self.regret = 0.0
         self.greedy_choices = 0
         self.greedy_opportunities = 0
@@ -119,6 +124,11 @@ class BanditEnv(TextEnv):
         self.invalid_actions = 0
         task_id = self._draw_instance(options)
         return Task(observation=self._observation(""), task_id=task_id, system_prompt=self._system_prompt())
+
+    def _is_greedy(self, arm: int) -> bool:
+        """Whether ``arm`` has the best empirical mean among tried arms (ties count)."""
+        best = max(total / count for count, total in zip(self.counts, self.sums) if count)
+        return bool(self.counts[arm]) and self.sums[arm] / self.counts[arm] >= best - 1e-12
 
     def _step(self, action: str) -> Outcome:
         arm = parse_arm(action, self.num_arms)
@@ -133,38 +143,35 @@ class BanditEnv(TextEnv):
                 f"<action></action>, e.g. <action>{self.labels[0]}</action>. Arm {self.labels[arm]} was pulled "
                 "at random for you.\n"
             )
-        elif self.counts.any():
-            tried = self.counts > 0
-            empirical = np.where(tried, self.sums / np.maximum(self.counts, 1), -np.inf)
+        elif self.pulls:
             self.greedy_opportunities += 1
-            self.greedy_choices += bool(empirical[arm] >= empirical.max() - 1e-12)
+            self.greedy_choices += self._is_greedy(arm)
 
         means = self._arm_means()
-        best = float(means.max())
+        best, worst, chosen = max(means), min(means), means[arm]
         reference = self._reference_arms() if self.reward_mode == "algorithmic" else None
         reward = self._sample_reward(arm)
-        self.regret += best - float(means[arm])
-        self.best_arm_pulls += bool(means[arm] >= best - 1e-12)
+        self.regret += best - chosen
+        self.best_arm_pulls += chosen >= best - 1e-12
         if self.reward_mode == "raw":
             rewards["arm_reward"] = reward
         elif self.reward_mode == "strategic":
-            spread = best - float(means.min())
-            rewards["strategic"] = 1.0 if spread <= 0 else (float(means[arm]) - float(means.min())) / spread
+            rewards["strategic"] = 1.0 if best <= worst else (chosen - worst) / (best - worst)
         else:
             rewards["matches_ucb"] = float(arm in reference)
 
         self.counts[arm] += 1
         self.sums[arm] += reward
+        self.pulls += 1
         self._record(arm, reward)
-        pulls = int(self.counts.sum())
         metrics = {
             "regret": self.regret,
-            "arms_untried_frac": float((self.counts == 0).mean()),
+            "arms_untried_frac": self.counts.count(0) / self.num_arms,
             "greedy_share": self.greedy_choices / self.greedy_opportunities if self.greedy_opportunities else 0.0,
-            "best_arm_share": self.best_arm_pulls / pulls,
+            "best_arm_share": self.best_arm_pulls / self.pulls,
             "invalid_actions": float(self.invalid_actions),
         }
-        terminated = pulls >= self.horizon
+        terminated = self.pulls >= self.horizon
         if not terminated:
             self._advance()
         feedback += f"Arm {self.labels[arm]} gave reward {self._format_reward(reward)}."

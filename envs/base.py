@@ -22,7 +22,7 @@ from rl_llm.envs.spaces import UnicodeText
 MAX_TEXT_LENGTH = 1 << 20
 
 
-@dataclass
+@dataclass(slots=True)
 class Task:
     """What ``_reset`` returns: the first observation and the per-episode facts for ``info``."""
 
@@ -32,7 +32,7 @@ class Task:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class Outcome:
     """What ``_step`` returns. ``rewards`` holds the already-weighted components; their sum is the reward."""
 
@@ -62,7 +62,8 @@ class TextEnv(gym.Env[str, str]):
         self.action_space = UnicodeText(MAX_TEXT_LENGTH)
         self._turn = 0
         self._episode_over = True
-        self._transcript: list[str] = []
+        # (role, text) pairs, formatted only when the transcript is read: keeps step() cheap.
+        self._transcript: list[tuple[str, str]] = []
 
     # -- the two methods a subclass writes ------------------------------------------------------------
     def _reset(self, options: dict[str, Any]) -> Task:
@@ -77,7 +78,7 @@ class TextEnv(gym.Env[str, str]):
         self._turn = 0
         self._episode_over = False
         task = self._reset(dict(options or {}))
-        self._transcript = [f"[system]\n{task.system_prompt}", f"[user]\n{task.observation}"]
+        self._transcript = [("system", task.system_prompt), ("user", task.observation)]
         info = {"system_prompt": task.system_prompt, "task_id": task.task_id, "stop": list(self.stop), **task.info}
         if self.render_mode == "human":
             print(self.transcript)
@@ -93,8 +94,8 @@ class TextEnv(gym.Env[str, str]):
         truncated = not outcome.terminated and self._turn >= self.max_turns
         self._episode_over = outcome.terminated or truncated
         observation = "" if self._episode_over else outcome.observation
-        self._transcript.append(f"[assistant]\n{action}")
-        self._transcript.append(f"[{'end' if self._episode_over else 'user'}]\n{outcome.observation}")
+        self._transcript.append(("assistant", action))
+        self._transcript.append(("end" if self._episode_over else "user", outcome.observation))
         info = {
             "reward_components": outcome.rewards,
             "invalid_action": outcome.invalid_action,
@@ -103,7 +104,7 @@ class TextEnv(gym.Env[str, str]):
             **outcome.info,
         }
         if self.render_mode == "human":
-            print(self._transcript[-2] + "\n" + self._transcript[-1])
+            print(_format_transcript(self._transcript[-2:]))
         return observation, float(sum(outcome.rewards.values())), outcome.terminated, truncated, info
 
     def render(self) -> str | None:
@@ -113,14 +114,18 @@ class TextEnv(gym.Env[str, str]):
         """
         if self.render_mode == "human":
             return None
-        return "\n\n".join(self._transcript)
+        return self.transcript
 
     @property
     def transcript(self) -> str:
         """The transcript text whatever the render mode."""
-        return "\n\n".join(self._transcript)
+        return _format_transcript(self._transcript)
 
     @property
     def turn(self) -> int:
         """Turns taken in the current episode."""
         return self._turn
+
+
+def _format_transcript(entries: list[tuple[str, str]]) -> str:
+    return "\n\n".join(f"[{role}]\n{text}" for role, text in entries)

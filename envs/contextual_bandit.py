@@ -102,35 +102,39 @@ class ContextualBanditEnv(BanditEnv):
         self.noise = float(noise)
         self.linucb_alpha = linucb_alpha
 
-    def _draw_context(self) -> np.ndarray:
-        # Rounded to what the observation shows, so text-only agents see the exact context.
-        return np.round(self.np_random.uniform(-1.0, 1.0, self.context_dim), 2)
-
     def _draw_instance(self, options: dict[str, Any]) -> str:
         self.theta = self.np_random.normal(0.0, 1.0, (self.num_arms, self.context_dim))
-        self.context = self._draw_context()
+        # The whole episode's contexts and noise are drawn up front, so a step is list indexing only.
+        # Contexts are rounded to what the observation shows: text-only agents see the exact context.
+        self._contexts = np.round(self.np_random.uniform(-1.0, 1.0, (self.horizon, self.context_dim)), 2)
+        self._means_per_step = (self._contexts @ self.theta.T).tolist()
+        self._noise = (self.noise * self.np_random.standard_normal(self.horizon)).tolist()
+        self._context_texts = [format_vector(context) for context in self._contexts]
         self._reference = LinUCB(self.num_arms, self.context_dim, self.linucb_alpha)
         self._history: list[str] = []
         digest = hashlib.sha1(np.round(self.theta, 6).tobytes() + f"{self.horizon}".encode()).hexdigest()[:12]
         return f"{self.env_name}-{digest}"
 
-    def _arm_means(self) -> np.ndarray:
-        return self.theta @ self.context
+    @property
+    def context(self) -> np.ndarray:
+        """The context of the current step."""
+        return self._contexts[min(self.pulls, self.horizon - 1)]
+
+    def _arm_means(self) -> list[float]:
+        return self._means_per_step[self.pulls]
 
     def _sample_reward(self, arm: int) -> float:
-        return float(self.theta[arm] @ self.context + self.np_random.normal(0.0, self.noise))
+        return self._means_per_step[self.pulls][arm] + self._noise[self.pulls]
 
     def _reference_arms(self) -> np.ndarray:
         return self._reference.choices(self.context)
 
     def _record(self, arm: int, reward: float) -> None:
+        step = self.pulls - 1  # called after the pull was counted
         if self.reward_mode == "algorithmic":
-            self._reference.update(arm, self.context, reward)
+            self._reference.update(arm, self._contexts[step], reward)
         if self.history == "full":
-            self._history.append(f"{format_vector(self.context)} -> {self.labels[arm]}: {reward:.3f}")
-
-    def _advance(self) -> None:
-        self.context = self._draw_context()
+            self._history.append(f"{self._context_texts[step]} -> {self.labels[arm]}: {reward:.3f}")
 
     def _system_prompt(self) -> str:
         return (
@@ -142,15 +146,14 @@ class ContextualBanditEnv(BanditEnv):
         )
 
     def _observation(self, feedback: str) -> str:
-        pulls = int(self.counts.sum())
         lines = [feedback] if feedback else []
-        lines.append(f"Pull {pulls + 1} of {self.horizon}. Arms: {', '.join(self.labels)}.")
+        lines.append(f"Pull {self.pulls + 1} of {self.horizon}. Arms: {', '.join(self.labels)}.")
         if self.history == "full":
             lines.append("History (context -> arm: reward):")
             lines.extend(self._history or ["none yet"])
         else:
             for label, count, total in zip(self.labels, self.counts, self.sums):
                 lines.append(f"{label}: {count} pulls, mean reward {total / count:.3f}" if count else f"{label}: 0 pulls")
-        lines.append(f"Current context: {format_vector(self.context)}")
+        lines.append(f"Current context: {self._context_texts[self.pulls]}")
         lines.append("Which arm do you pull next?")
         return "\n".join(lines)

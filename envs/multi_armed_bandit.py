@@ -89,6 +89,7 @@ class MultiArmedBanditEnv(BanditEnv):
         self.sigma = float(sigma)
         self.fixed_means = None if means is None else self._check_means(means)
         self.ucb_c = ucb_c
+        self._label_list = ", ".join(self.labels)
 
     def _check_means(self, means: Any) -> np.ndarray:
         array = np.asarray(means, dtype=np.float64)
@@ -110,17 +111,18 @@ class MultiArmedBanditEnv(BanditEnv):
             self.means[self.np_random.integers(self.num_arms)] = 0.5 + self.gap / 2
         else:
             self.means = self.np_random.uniform(0.0, 1.0, self.num_arms)
+        self._means = self.means.tolist()
         self._history: list[str] = []
         digest = hashlib.sha1(np.round(self.means, 6).tobytes() + f"{self.horizon}".encode()).hexdigest()[:12]
         return f"{self.env_name}-{self.distribution}-{digest}"
 
-    def _arm_means(self) -> np.ndarray:
-        return self.means
+    def _arm_means(self) -> list[float]:
+        return self._means
 
     def _sample_reward(self, arm: int) -> float:
         if self.distribution == "bernoulli":
-            return float(self.np_random.random() < self.means[arm])
-        return float(self.np_random.normal(self.means[arm], self.sigma))
+            return float(self.np_random.random() < self._means[arm])
+        return self._means[arm] + self.sigma * float(self.np_random.standard_normal())
 
     def _reference_arms(self) -> np.ndarray:
         return ucb1_choice(self.counts, self.sums, self.ucb_c)
@@ -143,9 +145,8 @@ class MultiArmedBanditEnv(BanditEnv):
         )
 
     def _observation(self, feedback: str) -> str:
-        pulls = int(self.counts.sum())
         lines = [feedback] if feedback else []
-        lines.append(f"Pull {pulls + 1} of {self.horizon}. Arms: {', '.join(self.labels)}.")
+        lines.append(f"Pull {self.pulls + 1} of {self.horizon}. Arms: {self._label_list}.")
         if self.history == "full":
             lines.append("History (arm: reward): " + (", ".join(self._history) if self._history else "none yet"))
         else:

@@ -1,6 +1,9 @@
 """Tic-tac-toe rules and a perfect solver, shared by the single-agent env, the two-player PettingZoo game
 and the minimax baseline.
 
+The game has only 5,478 reachable boards, so the pure functions of a board are memoised: after warm-up an
+env step is a few dictionary look-ups.
+
 A board is a 9-character string, row-major, of ``"X"``, ``"O"`` and ``"."``; X always moves first.
 Cells are named ``A1``..``C3`` (row letter, column digit) or numbered 1..9.
 """
@@ -8,7 +11,7 @@ Cells are named ``A1``..``C3`` (row letter, column digit) or numbered 1..9.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 
 EMPTY_BOARD = "." * 9
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
@@ -20,6 +23,7 @@ _DIGIT_LETTER = re.compile(r"([123])\s*([ABC])")
 _ROW_COL = re.compile(r"\(?\s*([123])\s*,\s*([123])\s*\)?")
 
 
+@cache
 def winner(board: str) -> str | None:
     """``"X"`` or ``"O"`` if that mark has three in a row, ``"draw"`` on a full board, else None."""
     for a, b, c in LINES:
@@ -33,19 +37,30 @@ def to_move(board: str) -> str:
     return "X" if board.count("X") == board.count("O") else "O"
 
 
-def legal_moves(board: str) -> list[int]:
-    return [i for i, mark in enumerate(board) if mark == "."]
+@cache
+def legal_moves(board: str) -> tuple[int, ...]:
+    return tuple(i for i, mark in enumerate(board) if mark == ".")
 
 
 def play(board: str, cell: int, mark: str) -> str:
     return board[:cell] + mark + board[cell + 1 :]
 
 
+# Exact spellings looked up directly; anything else (inner spaces, parentheses) goes through the regexes.
+_CELL_SPELLINGS = {
+    spelling: 3 * r + c
+    for r, row in enumerate(ROWS)
+    for c, col in enumerate("123")
+    for spelling in (f"{row}{col}", f"{col}{row}", f"{r + 1},{col}", str(3 * r + c + 1))
+}
+
+
 def parse_cell(text: str) -> int | None:
     """Cell index 0..8 from ``B2``/``b2``/``2B``, ``2,2`` (row, column) or a cell number ``1``..``9``."""
     text = text.strip().upper()
-    if len(text) == 1 and "1" <= text <= "9":
-        return int(text) - 1
+    cell = _CELL_SPELLINGS.get(text)
+    if cell is not None or len(text) > 12:
+        return cell
     if match := _LETTER_DIGIT.fullmatch(text):
         return ROWS.index(match[1]) * 3 + int(match[2]) - 1
     if match := _DIGIT_LETTER.fullmatch(text):
@@ -55,6 +70,7 @@ def parse_cell(text: str) -> int | None:
     return None
 
 
+@cache
 def render_board(board: str) -> str:
     """The board with coordinates, e.g.::
 
@@ -69,7 +85,7 @@ def render_board(board: str) -> str:
     return "\n".join(lines)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _value(board: str) -> int:
     """Minimax value for the player to move: >0 win, 0 draw, <0 loss; faster wins score higher."""
     result = winner(board)
@@ -81,7 +97,7 @@ def _value(board: str) -> int:
     return max(-_value(play(board, cell, mark)) for cell in legal_moves(board))
 
 
-@lru_cache(maxsize=None)
+@cache
 def optimal_moves(board: str) -> tuple[int, ...]:
     """Every move that keeps the minimax value for the player to move (the game must not be over)."""
     mark = to_move(board)

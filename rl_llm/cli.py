@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-import rl_llm  # noqa: F401  (registers the environments)
+import rl_llm
 from rl_llm.envs.registration import ENVIRONMENTS, env_ids
 
 console = Console()
@@ -130,9 +131,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     selected = [resolve_env_id(name) for name in args.envs] if args.envs else env_ids()
     for env_id in selected:
         summaries = {}
+        make_env = partial(gym.make, env_id)
         for name in baselines_for(env_id):
-            records = run_episodes(lambda: gym.make(env_id), make_baseline(name, env_id, seed=args.seed),
-                                   args.episodes, seed=args.seed)
+            records = run_episodes(make_env, make_baseline(name, env_id, seed=args.seed), args.episodes, seed=args.seed)
             summaries[name] = summarize(records)
         if summaries:
             print_summary(f"{env_id}: {args.episodes} episodes per baseline", summaries)
@@ -184,7 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as error:  # bad user input: a clear message, not a traceback
+        console.print(f"[red]error:[/red] {error}", markup=True)
+        return 2
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ replays the conversation's ``Current context`` / ``Arm X gave reward r`` lines.
 from __future__ import annotations
 
 import re
+
 import numpy as np
 
 from rl_llm.agents.policy import TextPolicy, last_user_message, system_message

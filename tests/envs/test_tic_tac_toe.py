@@ -1,0 +1,102 @@
+"""Tic-tac-toe rules, the text interface, illegal moves, and the minimax baseline."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+
+import rl_llm  # noqa: F401
+from rl_llm.agents.baselines import make_baseline
+from rl_llm.agents.baselines.tictactoe import parse_board
+from rl_llm.agents.evaluate import run_episodes
+from rl_llm.envs.tictactoe_rules import CELL_NAMES, optimal_moves, parse_cell, winner
+
+TTT = "rl-llm/TicTacToe-v0"
+
+
+@pytest.mark.parametrize("text", ["B2", "b2", " 2B ", "2,2", "(2, 2)", "5"])
+def test_all_coordinate_styles_name_the_centre(text: str) -> None:
+    assert parse_cell(text) == 4
+
+
+@pytest.mark.parametrize("text", ["D1", "A4", "0", "10", "2,4", "", "centre", "B 2 3"])
+def test_non_cells_are_rejected(text: str) -> None:
+    assert parse_cell(text) is None
+
+
+def test_winner_detects_lines_draws_and_open_games() -> None:
+    assert winner("XXX" "OO." "...") == "X"
+    assert winner("O.X" "OX." "O..") == "O"
+    assert winner("XOX" "XOO" "OXX") == "draw"
+    assert winner("XO." "..." "...") is None
+
+
+def test_solver_takes_an_immediate_win_and_blocks_a_threat() -> None:
+    assert optimal_moves("XX." "OO." "...") == (2,)  # X to move wins at A3
+    assert optimal_moves("XX." "O.." "...") == (2,)  # O to move must block A3
+
+
+def test_agent_as_o_sees_the_opening_move_and_a_board_it_can_parse() -> None:
+    env = gym.make(TTT, agent_mark="O")
+    observation, info = env.reset(seed=3)
+    board = parse_board(observation)
+    assert board.count("X") == 1 and board.count("O") == 0
+    assert "The opponent played" in observation and "You play O." in observation
+    assert "as O" in info["system_prompt"]
+
+
+def test_illegal_moves_keep_the_board_and_too_many_in_a_row_lose() -> None:
+    env = gym.make(TTT, agent_mark="X", max_illegal_moves=2, illegal_move_penalty=0.25)
+    env.reset(seed=0)
+    observation, reward, terminated, _, info = env.step("<move>B2</move>")
+    taken = CELL_NAMES[parse_board(observation).index("O")]
+    observation, reward, terminated, _, info = env.step(f"<move>{taken}</move>")
+    assert info["invalid_action"] and not terminated
+    assert "already taken" in observation and reward == -0.25
+    assert parse_board(observation).count(".") == 7
+    observation, reward, terminated, _, info = env.step("no tags at all")
+    assert "No move found" in observation and not terminated
+    _, reward, terminated, _, info = env.step("<move>Z9</move>")
+    assert terminated and reward == pytest.approx(-1.25)
+    assert info["metrics"]["loss"] == 1.0 and info["metrics"]["illegal_moves"] == 3
+
+
+def test_a_legal_move_resets_the_illegal_streak() -> None:
+    env = gym.make(TTT, agent_mark="X", max_illegal_moves=1)
+    env.reset(seed=0)
+    env.step("bad")
+    _, _, terminated, _, _ = env.step("<move>B2</move>")
+    assert not terminated
+    _, _, terminated, _, _ = env.step("bad again")
+    assert not terminated
+
+
+def test_outcome_reward_matches_the_result_of_each_game() -> None:
+    records = run_episodes(lambda: gym.make(TTT, agent_mark="X"), make_baseline("random", TTT, seed=0), 60, seed=0)
+    for record in records:
+        expected = record.metrics["win"] - record.metrics["loss"]
+        assert record.terminated and record.episode_return == expected
+        assert record.metrics["win"] + record.metrics["draw"] + record.metrics["loss"] == 1.0
+    assert {r.episode_return for r in records} == {-1.0, 0.0, 1.0}
+
+
+@pytest.mark.parametrize("opponent", ["random", "minimax"])
+def test_minimax_never_loses_over_200_games(opponent: str) -> None:
+    records = run_episodes(lambda: gym.make(TTT, opponent=opponent), make_baseline("minimax", TTT, seed=1), 200, seed=0)
+    assert all(record.metrics["loss"] == 0.0 for record in records)
+    assert all(record.invalid_actions == 0 for record in records)
+    if opponent == "minimax":
+        assert all(record.metrics["draw"] == 1.0 for record in records)
+    else:
+        assert sum(record.metrics["win"] for record in records) > 150
+
+
+def test_mixed_opponent_strength_lies_between_random_and_minimax() -> None:
+    def random_agent_losses(**kwargs) -> float:
+        records = run_episodes(lambda: gym.make(TTT, **kwargs), make_baseline("random", TTT, seed=2), 150, seed=0)
+        return sum(record.metrics["loss"] for record in records)
+
+    weak, mixed, perfect = (random_agent_losses(opponent="random"),
+                            random_agent_losses(opponent="mixed", opponent_skill=0.5),
+                            random_agent_losses(opponent="minimax"))
+    assert weak < mixed < perfect

@@ -1,0 +1,58 @@
+"""The rl-llm command line, run as a user would (a subprocess per command)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rl_llm.envs.registration import env_ids
+
+
+def rl_llm(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rl_llm.cli", *args], input=stdin, capture_output=True, text=True, timeout=300,
+        env={"COLUMNS": "250", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_list_shows_every_registered_environment() -> None:
+    result = rl_llm("list")
+    assert result.returncode == 0, result.stderr
+    for env_id in env_ids():
+        assert env_id in result.stdout
+
+
+def test_eval_prints_a_table_and_writes_one_jsonl_line_per_episode(tmp_path: Path) -> None:
+    out = tmp_path / "ucb.jsonl"
+    result = rl_llm("eval", "MultiArmedBandit", "--agent", "ucb", "--episodes", "7", "--seed", "3",
+                    "--out", str(out), "-k", "horizon=20")
+    assert result.returncode == 0, result.stderr
+    assert "regret" in result.stdout and "±" in result.stdout
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["seed"] for r in records] == list(range(3, 10))
+    assert all(r["turns"] == 20 and r["agent"] == "ucb" for r in records)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("eval", "NoSuchEnv", "--agent", "ucb"), "unknown environment"),
+    (("eval", "TicTacToe", "--agent", "ucb"), "unknown baseline 'ucb'"),
+    (("eval", "TicTacToe", "--agent", "minimax", "-k", "novalue"), "KEY=VALUE"),
+])
+def test_bad_command_lines_fail_with_a_specific_message(args: tuple[str, ...], message: str) -> None:
+    result = rl_llm(*args)
+    assert result.returncode != 0
+    assert message in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_play_lets_a_person_finish_a_game_typing_bare_cells() -> None:
+    # As X against a perfect opponent the game ends within 5 moves whatever we type; bare cells get wrapped.
+    moves = "\n".join(["A1", "A2", "A3", "B1", "B2", "B3", "C1", "C2", "C3"] * 2)
+    result = rl_llm("play", "TicTacToe", "--seed", "0", "-k", "agent_mark=X", "-k", "opponent=minimax", stdin=moves)
+    assert result.returncode == 0, result.stderr
+    assert "Episode over (terminated)" in result.stdout
+    assert "You won!" not in result.stdout  # minimax cannot be beaten
