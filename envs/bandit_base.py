@@ -187,3 +187,12 @@ class BanditEnv(TextEnv):
 
     def _format_reward(self, reward: float) -> str:
         return f"{reward:.3f}"
+
+    def _arm_summary_lines(self) -> list[str]:
+        """``A: 2 pulls, mean reward 0.500`` per arm: the sufficient statistics of the history."""
+        return [
+            f"{label}: {count} {'pull' if count == 1 else 'pulls'}, mean reward {total / count:.3f}"
+            if count
+            else f"{label}: 0 pulls"
+            for label, count, total in zip(self.labels, self.counts, self.sums)
+        ]

@@ -152,8 +152,7 @@ class ContextualBanditEnv(BanditEnv):
             lines.append("History (context -> arm: reward):")
             lines.extend(self._history or ["none yet"])
         else:
-            for label, count, total in zip(self.labels, self.counts, self.sums):
-                lines.append(f"{label}: {count} pulls, mean reward {total / count:.3f}" if count else f"{label}: 0 pulls")
+            lines.extend(self._arm_summary_lines())
         lines.append(f"Current context: {self._context_texts[self.pulls]}")
         lines.append("Which arm do you pull next?")
         return "\n".join(lines)

@@ -150,11 +150,6 @@ class MultiArmedBanditEnv(BanditEnv):
         if self.history == "full":
             lines.append("History (arm: reward): " + (", ".join(self._history) if self._history else "none yet"))
         else:
-            for label, count, total in zip(self.labels, self.counts, self.sums):
-                if count:
-                    plural = "pull" if count == 1 else "pulls"
-                    lines.append(f"{label}: {count} {plural}, mean reward {total / count:.3f}")
-                else:
-                    lines.append(f"{label}: 0 pulls")
+            lines.extend(self._arm_summary_lines())
         lines.append("Which arm do you pull next?")
         return "\n".join(lines)

@@ -12,6 +12,8 @@ from rl_llm.agents.baselines.bandits import (
     RandomContextualArm,
     ThompsonSampling,
 )
+from rl_llm.agents.baselines.search import SearchOracle, ToolCallsJsonOracle, ToolCallsOracle
+from rl_llm.agents.baselines.sql import OracleSQL, SchemaProbeSQL
 from rl_llm.agents.baselines.tictactoe import Minimax, RandomMove
 from rl_llm.agents.policy import Policy
 
@@ -25,6 +27,9 @@ BASELINES: dict[str, dict[str, Callable[..., Policy]]] = {
     },
     "rl-llm/ContextualBandit-v0": {"random": RandomContextualArm, "linucb": LinUCBAgent},
     "rl-llm/TicTacToe-v0": {"random": RandomMove, "minimax": Minimax},
+    "rl-llm/TextToSQL-v0": {"oracle": OracleSQL, "schema-probe": SchemaProbeSQL},
+    "rl-llm/Search-v0": {"oracle": SearchOracle},
+    "rl-llm/ToolCalls-v0": {"oracle": ToolCallsOracle, "oracle_json": ToolCallsJsonOracle},
 }
 
 

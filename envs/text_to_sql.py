@@ -1,0 +1,252 @@
+"""Text2SQL on real SQLite databases, multi-turn (SkyRL-SQL) or single-turn (Think2SQL)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rl_llm.envs.base import Outcome, Task, TextEnv
+from rl_llm.envs.parsing import first_of_tags
+from rl_llm.envs.sql.database import QueryLimits
+from rl_llm.envs.sql.generator import generate_tasks
+from rl_llm.envs.sql.render import describe_schema, format_result
+from rl_llm.envs.sql.rewards import REWARD_NAMES, resolve_weights, thinks_before_action
+from rl_llm.envs.sql.scoring import DatabasePool, SqlScorer
+from rl_llm.envs.sql.tasks import SqlTask, load_chinook_tasks, load_spider_tasks
+
+MODES = ("multi", "single")
+INVALID_MULTI = (
+    "Your previous action is invalid. Think inside <think>...</think>, then either run one SQL query inside "
+    "<sql>...</sql> or give your final SQL query inside <solution>...</solution>, and try again."
+)
+INVALID_SINGLE = "No answer found: the final SQL query must be inside <solution>...</solution>."
+SYSTEM_MULTI = (
+    "You are a data analyst. Answer the user's question about a SQLite database with one SQL query.\n"
+    "Each turn, first think step by step inside <think>...</think>. Then do exactly one of:\n"
+    "- run one exploratory query inside <sql>...</sql>; its result comes back inside <observation>;\n"
+    "- give your final answer: one SQLite query inside <solution>...</solution>, which ends the task.\n"
+    "The database is read-only and queries have a time limit. You have {max_turns} turns in total; "
+    "your solution is graded by comparing its result with the correct answer's result."
+)
+SYSTEM_SINGLE = (
+    "You are a data analyst. Answer the user's question about a SQLite database with one SQL query.\n"
+    "Think step by step inside <think>...</think>, then give your final answer: one SQLite query inside "
+    "<solution>...</solution>. Your solution is graded by comparing its result with the correct answer's result."
+)
+
+
+class TextToSQLEnv(TextEnv):
+    """
+    ## Description
+    The agent answers a natural-language question about a relational database with one SQL query, executed
+    on a real SQLite file. In ``mode="multi"`` (the SkyRL-SQL protocol) it may first run exploratory queries
+    and read their results; in ``mode="single"`` (Think2SQL) it answers in one turn. Tasks come from the
+    bundled Chinook music-store database with 53 hand-written questions (easy/medium/hard), from procedurally
+    generated databases in four domains (unlimited, seeded), or from a Spider/BIRD-format directory on disk.
+    Databases are read-only behind four guards (``mode=ro`` URI, ``query_only``, an authorizer that refuses
+    writes/ATTACH/PRAGMA writes/extensions, connection limits), each query has a timeout, results are capped.
+
+    ## Observation
+    On reset: the database engine, the schema as CREATE TABLE statements with ``sample_rows`` example rows
+    per table, the external knowledge (BIRD ``evidence``) if any, and the question. After an exploratory
+    query: ``<observation>`` with the result table (first ``display_rows`` rows within ``display_chars``
+    characters) or the error/timeout/refusal message, and a ``<reminder>`` of the turns left.
+
+    ## Action
+    One LLM turn: ``<think>...</think>`` then either ``<sql>QUERY</sql>`` (multi mode only) or
+    ``<solution>QUERY</solution>``. The earliest complete tag is the action (a generator stops at
+    ``</sql>`` or ``</solution>``). A turn with neither is invalid: it gets a corrective observation.
+
+    ## Rewards
+    Terminal only, ``sum(weight * term)`` over the terms of ``reward_weights`` (a preset name or a dict):
+    ``execution`` (1 if the solution's result equals the gold result: a multiset of rows, a list when the
+    gold query has a top-level ORDER BY, numbers within ``float_tolerance``, column order free),
+    ``syntax`` (sqlglot parses it as one query), ``schema_linking`` (Jaccard of tables/columns used),
+    ``ngram`` (Jaccard of token bigrams), ``format`` (every turn thinks before acting and exactly one
+    ``<solution>``) and ``format_penalty`` (``format - 1``). Presets: ``"execution"`` (default, weight 1),
+    ``"think2sql"`` (0.85 EX + 0.15 format), ``"reasoning_sql"`` (3 EX + syntax + schema linking + n-gram +
+    0.5 format), ``"skyrl"`` (EX, -1 for a broken format). ``info["reward_components"]`` holds each weighted
+    term; ``info["metrics"]`` the raw terms, ``exec_match``, ``sql_queries``, ``query_errors``, ``timeouts``.
+
+    ## Episode End
+    Terminated by a ``<solution>``. Truncated after ``max_turns`` turns (multi, default 6) or after the one
+    turn of single mode; an episode without a solution scores 0 on every term (``format_penalty`` -1).
+
+    ## Arguments
+    - ``dataset`` ("chinook"): ``"chinook"`` or ``"generated"``; ``data_dir`` (None) with ``split`` ("dev")
+      loads a Spider/BIRD-format directory instead (``split`` may also name a .json file in it).
+    - ``mode`` ("multi"): ``"multi"`` or ``"single"``; ``max_turns`` (6, multi mode only).
+    - ``reward_weights`` ("execution"): preset name or ``{term: weight}``.
+    - ``sample_rows`` (3): example rows per table in the schema (0 for none).
+    - ``query_timeout_s`` (5.0), ``gold_timeout_s`` (30.0), ``max_result_rows`` (10000), ``max_result_bytes``
+      (8 MiB), ``display_rows`` (50), ``display_chars`` (9000), ``float_tolerance`` (1e-6).
+    - ``cache_gold_results`` (True): gold results are computed once per task and process.
+    - ``generated_databases`` (12), ``generator_seed`` (0), ``generated_dir`` (None: a shared temp folder).
+    - Per episode: ``reset(options={"task_index": i})`` picks a task exactly; otherwise the seed picks one.
+      ``len(env.unwrapped.tasks)`` is the number of tasks.
+
+    ## Version History
+    - v0: initial release.
+    """
+
+    stop = ("</sql>", "</solution>")
+
+    def __init__(
+        self,
+        dataset: str = "chinook",
+        data_dir: str | Path | None = None,
+        split: str = "dev",
+        mode: str = "multi",
+        max_turns: int = 6,
+        reward_weights: str | Mapping[str, float] | None = "execution",
+        sample_rows: int = 3,
+        query_timeout_s: float = 5.0,
+        gold_timeout_s: float = 30.0,
+        max_result_rows: int = 10_000,
+        max_result_bytes: int = 8 << 20,
+        display_rows: int = 50,
+        display_chars: int = 9000,
+        float_tolerance: float = 1e-6,
+        cache_gold_results: bool = True,
+        generated_databases: int = 12,
+        generator_seed: int = 0,
+        generated_dir: str | Path | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if sample_rows < 0 or display_rows < 1 or display_chars < 100:
+            raise ValueError("sample_rows must be >= 0, display_rows >= 1 and display_chars >= 100")
+        super().__init__(max_turns=1 if mode == "single" else max_turns, render_mode=render_mode)
+        self.mode = mode
+        self.weights = resolve_weights(reward_weights)
+        self.sample_rows = sample_rows
+        self.display_rows = display_rows
+        self.display_chars = display_chars
+        if data_dir is not None:
+            self.dataset = f"{Path(data_dir).name}-{Path(split).stem}"
+            self.tasks: list[SqlTask] = load_spider_tasks(data_dir, split)
+        elif dataset == "chinook":
+            self.dataset, self.tasks = "chinook", load_chinook_tasks()
+        elif dataset == "generated":
+            self.dataset = f"generated{generator_seed}"
+            self.tasks = generate_tasks(generated_databases, generator_seed, generated_dir)
+        else:
+            raise ValueError(f"dataset must be 'chinook' or 'generated' (or pass data_dir=PATH), got {dataset!r}")
+        limits = QueryLimits(query_timeout_s, max_result_rows, max_result_bytes)
+        self.scorer = SqlScorer(
+            limits=limits,
+            gold_limits=QueryLimits(gold_timeout_s, max_result_rows, max_result_bytes),
+            tolerance=float_tolerance,
+            cache_gold=cache_gold_results,
+            pool=DatabasePool(),
+        )
+        self._schemas: dict[Path, str] = {}
+        self.current_task: SqlTask | None = None
+        self.task_index = -1
+        self.first_observation = ""
+        self._queries = self._errors = self._timeouts = 0
+        self._well_formatted = True
+
+    # -- episode ------------------------------------------------------------------------------------------
+    def _reset(self, options: dict[str, Any]) -> Task:
+        index = options.get("task_index")
+        if index is None:
+            index = int(self.np_random.integers(len(self.tasks)))
+        elif not isinstance(index, int) or not 0 <= index < len(self.tasks):
+            raise ValueError(f"options['task_index'] must be an int in [0, {len(self.tasks)}), got {index!r}")
+        task = self.current_task = self.tasks[index]
+        self.task_index = index
+        self._queries = self._errors = self._timeouts = 0
+        self._well_formatted = True
+        self.first_observation = self._task_text(task)
+        template = SYSTEM_SINGLE if self.mode == "single" else SYSTEM_MULTI
+        return Task(
+            observation=self.first_observation,
+            task_id=f"TextToSQL-{self.dataset}-{task.task_id}",
+            system_prompt=template.format(max_turns=self.max_turns),
+            info={"db_id": task.db_id, "task_index": index, "difficulty": task.difficulty},
+        )
+
+    def _task_text(self, task: SqlTask) -> str:
+        if task.db_path not in self._schemas:
+            database = self.scorer.pool.get(task.db_path)
+            self._schemas[task.db_path] = describe_schema(database, self.sample_rows, self.scorer.gold_limits)
+        parts = ["Database engine: SQLite", f"Database schema:\n{self._schemas[task.db_path]}"]
+        if task.evidence:
+            parts.append(f"External knowledge: {task.evidence}")
+        parts.append(f"Question: {task.question}")
+        return "\n\n".join(parts)
+
+    def _step(self, action: str) -> Outcome:
+        tags = ("solution",) if self.mode == "single" else ("sql", "solution")
+        found = first_of_tags(action, tags)
+        if found is None:
+            self._well_formatted = False
+            if self.turn >= self.max_turns:
+                outcome = self._final(None)
+                outcome.invalid_action = True
+                return outcome
+            return Outcome(
+                observation=INVALID_SINGLE if self.mode == "single" else INVALID_MULTI,
+                rewards=self._zero_rewards(),
+                invalid_action=True,
+                metrics=self._running_metrics(),
+            )
+        tag, sql = found
+        self._well_formatted &= thinks_before_action(action, tag)
+        if tag == "solution":
+            self._well_formatted &= action.count("<solution>") == 1
+            return self._final(sql)
+        return self._explore(sql)
+
+    def _explore(self, sql: str) -> Outcome:
+        assert self.current_task is not None
+        result = self.scorer.run(self.current_task, sql)
+        self._queries += 1
+        self._errors += not result.ok
+        self._timeouts += result.timed_out
+        if self.turn >= self.max_turns:
+            return self._final(None)
+        left = self.max_turns - self.turn
+        reminder = f"You have {left} turn{'s' if left != 1 else ''} left to complete the task."
+        if left == 1:
+            reminder += " Give your final answer in <solution>...</solution> now."
+        text = format_result(result, self.display_rows, self.display_chars)
+        return Outcome(
+            observation=f"<observation>{text}\n<reminder>{reminder}</reminder></observation>",
+            rewards=self._zero_rewards(),
+            metrics=self._running_metrics(),
+        )
+
+    def _final(self, sql: str | None) -> Outcome:
+        """Terminal step: score the solution (or its absence) and end the episode."""
+        assert self.current_task is not None
+        raw = dict.fromkeys(REWARD_NAMES, 0.0)
+        metrics = self._running_metrics()
+        if sql is None:
+            message = "The episode ended without a <solution>."
+        else:
+            scores = self.scorer.score(self.current_task, sql, self.weights)
+            raw.update(scores.values)
+            # The partial terms that were computed (execution is reported as exec_match).
+            metrics.update({name: value for name, value in scores.values.items() if name != "execution"})
+            verdict = "matches" if raw["execution"] == 1.0 else "does not match"
+            message = " ".join([f"Your solution's result {verdict} the expected result.", *scores.notes])
+        raw["format"] = float(sql is not None and self._well_formatted)
+        raw["format_penalty"] = raw["format"] - 1.0
+        rewards = {name: weight * raw[name] for name, weight in self.weights.items()}
+        metrics.update(exec_match=raw["execution"], format=raw["format"], answered=float(sql is not None))
+        return Outcome(observation=message, rewards=rewards, terminated=sql is not None, metrics=metrics)
+
+    def _zero_rewards(self) -> dict[str, float]:
+        return dict.fromkeys(self.weights, 0.0)
+
+    def _running_metrics(self) -> dict[str, float]:
+        return {"sql_queries": float(self._queries), "query_errors": float(self._errors),
+                "timeouts": float(self._timeouts)}  # fmt: skip
+
+    def close(self) -> None:
+        self.scorer.close()
+        super().close()
