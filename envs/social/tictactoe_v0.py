@@ -1,0 +1,219 @@
+"""Two-player tic-tac-toe by text: PettingZoo module (``env()`` native AEC, ``parallel_env()``, ``raw_env``)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pettingzoo import AECEnv, ParallelEnv
+from pettingzoo.utils.conversions import turn_based_aec_to_parallel
+from pettingzoo.utils.wrappers import OrderEnforcingWrapper
+
+from rl_llm.envs.parsing import extract_tag, truncate_middle
+from rl_llm.envs.social.base import (
+    AGENTS,
+    TRANSCRIPT_ACTION_CHARS,
+    ObservationText,
+    TwoPlayerTextGame,
+    other,
+    plural,
+)
+from rl_llm.envs.tictactoe_rules import (
+    CELL_NAMES,
+    EMPTY_BOARD,
+    legal_moves,
+    parse_cell,
+    play,
+    render_board,
+    winner,
+)
+
+MARKS = {AGENTS[0]: "X", AGENTS[1]: "O"}
+RULES = (
+    "You are playing tic-tac-toe against another player. X moves first. Get three of your marks in a row, "
+    "column or diagonal to win. Cells are named by row letter (A-C, top to bottom) and column number (1-3, "
+    "left to right). On your turn, answer with your move inside <move></move>, for example <move>B2</move>."
+)
+
+
+class raw_env(TwoPlayerTextGame, AECEnv[str, str, str]):  # lower-case: PettingZoo's module convention
+    """
+    ## Description
+    Two agents play tic-tac-toe: ``player_0`` is X and moves first, ``player_1`` is O (swap seats to swap
+    marks). Rules and the solver are shared with the single-agent ``rl-llm/TicTacToe-v0``.
+
+    ## Observation
+    Text per agent: the rules once, then the other player's last move, the board with coordinates, the
+    agent's mark, the legal moves (``show_legal_moves``) and a prompt on the agent's turn, or a note that it
+    is waiting. Empty once the game is over.
+
+    ## Action
+    The cell inside ``<move></move>``: ``<move>B2</move>``, also ``2B``, ``2,2`` or a cell number 1..9. With
+    several tags the last one counts. An unparseable move or an occupied cell is invalid: the board does not
+    change, the agent is told why and moves again; after ``max_retries`` invalid retries in a row a random
+    legal move (from the seeded game generator) is played for it.
+
+    ## Rewards
+    +1 win, -1 loss, 0 draw on the final step; ``-illegal_move_penalty`` on every invalid move.
+
+    ## Episode End
+    Terminated for both agents when the game is won or drawn; never truncated.
+
+    ## Info
+    ``task_id``, ``seed``, ``active`` (whether it is the agent's turn), ``invalid_action``, ``metrics``
+    (``return``, ``moves``, ``invalid_actions``, ``default_actions``, ``win``, ``draw``, ``loss``); on reset
+    also ``system_prompt`` and ``stop``.
+
+    ## Arguments
+    - ``max_retries`` (2), ``illegal_move_penalty`` (0.0), ``show_legal_moves`` (True), ``render_mode``.
+
+    ## Version History
+    - v0: initial release.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {
+        "render_modes": ["ansi", "human"], "name": "tictactoe_v0", "is_parallelizable": False,
+    }
+    stop: ClassVar[tuple[str, ...]] = ("</move>",)
+
+    def __init__(
+        self,
+        max_retries: int = 2,
+        illegal_move_penalty: float = 0.0,
+        show_legal_moves: bool = True,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__()
+        self._setup(max_retries=max_retries, render_mode=render_mode)
+        self.illegal_move_penalty = float(illegal_move_penalty)
+        self.show_legal_moves = show_legal_moves
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        """Start a game. ``options`` are ignored."""
+        self._seed_episode(seed)
+        self.board = EMPTY_BOARD
+        self.agents = list(AGENTS)
+        self.agent_selection = AGENTS[0]
+        self.rewards = dict.fromkeys(AGENTS, 0.0)
+        self._cumulative_rewards = dict.fromkeys(AGENTS, 0.0)
+        self.terminations = dict.fromkeys(AGENTS, False)
+        self.truncations = dict.fromkeys(AGENTS, False)
+        self._returns = dict.fromkeys(AGENTS, 0.0)
+        self._moves = dict.fromkeys(AGENTS, 0)
+        self._invalid = dict.fromkeys(AGENTS, 0)
+        self._defaults = dict.fromkeys(AGENTS, 0)
+        self._streak = dict.fromkeys(AGENTS, 0)
+        self.result: str | None = None
+        self._observations = {agent: f"{RULES}\n\n{self._board_text(agent)}" for agent in AGENTS}
+        self.infos = {agent: self._info(agent, invalid=False) for agent in AGENTS}
+        for agent in AGENTS:
+            system_prompt = f"You are {agent}, playing {MARKS[agent]} in a game of tic-tac-toe against another player."
+            self.infos[agent].update(system_prompt=system_prompt, stop=list(self.stop))
+        self._transcript = [f"[rules]\n{RULES}", render_board(self.board)]
+        self._printed = 0
+        self._echo()
+
+    def observe(self, agent: str) -> ObservationText:
+        return ObservationText(self._observations[agent])
+
+    def step(self, action: str | None) -> None:
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            return
+        if not isinstance(action, str):
+            raise TypeError(f"tictactoe_v0: an action is one LLM turn as str, got {type(action).__name__}")
+        self._cumulative_rewards[agent] = 0.0
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        self._transcript.append(f"[{agent}]\n{truncate_middle(action, TRANSCRIPT_ACTION_CHARS)}")
+        content = extract_tag(action, "move", last=True)
+        cell = None if content is None else parse_cell(content)
+        note = ""
+        if cell is None or self.board[cell] != ".":
+            self._invalid[agent] += 1
+            self._streak[agent] += 1
+            self.rewards[agent] = -self.illegal_move_penalty
+            reason = self._illegal_reason(content, cell)
+            if self._streak[agent] <= self.max_retries:
+                left = self.max_retries - self._streak[agent] + 1
+                self._observations[agent] = (f"Illegal move: {reason} The board is unchanged ({plural(left, 'more illegal move')} "
+                                             f"and a random move is played for you).\n\n{self._board_text(agent)}")
+                self._finish_step(agent, invalid=True)
+                return
+            choices = legal_moves(self.board)
+            cell = int(choices[self.rng.integers(len(choices))])
+            self._defaults[agent] += 1
+            note = f"Illegal move: {reason} Too many illegal moves: {CELL_NAMES[cell]} was played for you.\n\n"
+        self._streak[agent] = 0
+        self._moves[agent] += 1
+        self.board = play(self.board, cell, MARKS[agent])
+        self._transcript.append(f"{agent} plays {CELL_NAMES[cell]}\n{render_board(self.board)}")
+        self.result = winner(self.board)
+        them = other(agent)
+        if self.result is not None:
+            for player in AGENTS:
+                outcome = 0.0 if self.result == "draw" else (1.0 if self.result == MARKS[player] else -1.0)
+                self.rewards[player] += outcome
+                self.terminations[player] = True
+                self._observations[player] = ""
+            self._transcript.append(f"[result] {self.result}")
+        else:
+            self.agent_selection = them
+            news = f"The other player ({MARKS[agent]}) played {CELL_NAMES[cell]}."
+            first_turn = self._moves[them] == 0 and self._invalid[them] == 0
+            rules = f"{RULES}\n\n" if first_turn else ""  # O's first turn: it has not seen the rules yet
+            self._observations[them] = f"{rules}{news}\n\n{self._board_text(them)}"
+            self._observations[agent] = note + self._board_text(agent)
+        self._finish_step(agent, invalid=bool(note))
+
+    def _finish_step(self, agent: str, *, invalid: bool) -> None:
+        for player, reward in self.rewards.items():
+            self._returns[player] += reward
+        self.infos = {player: self._info(player, invalid=invalid and player == agent) for player in self.agents}
+        self._accumulate_rewards()
+        self._echo()
+
+    def _illegal_reason(self, content: str | None, cell: int | None) -> str:
+        if content is None:
+            return "no move found: put your move inside <move></move>, for example <move>B2</move>."
+        if cell is None:
+            return f"{content[:40]!r} is not a cell: use a row letter and column number such as B2."
+        return f"{CELL_NAMES[cell]} is already taken."
+
+    def _board_text(self, agent: str) -> str:
+        lines = [render_board(self.board), f"You play {MARKS[agent]}."]
+        if agent != self.agent_selection:
+            lines.append(f"Waiting for the other player ({MARKS[other(agent)]}) to move.")
+            return "\n".join(lines)
+        if self.show_legal_moves:
+            lines.append("Legal moves: " + ", ".join(CELL_NAMES[c] for c in legal_moves(self.board)))
+        lines.append("Your move: answer with <move>CELL</move>.")
+        return "\n".join(lines)
+
+    def _info(self, agent: str, *, invalid: bool) -> dict[str, Any]:
+        mark = MARKS[agent]
+        return {
+            "task_id": f"tictactoe_v0-{self.episode_seed}",
+            "seed": self.episode_seed,
+            "active": self.result is None and agent == self.agent_selection,
+            "invalid_action": invalid,
+            "metrics": {
+                "return": self._returns[agent],
+                "moves": float(self._moves[agent]),
+                "invalid_actions": float(self._invalid[agent]),
+                "default_actions": float(self._defaults[agent]),
+                "win": float(self.result == mark),
+                "draw": float(self.result == "draw"),
+                "loss": float(self.result not in (None, "draw", mark)),
+            },
+        }
+
+
+def env(**kwargs: Any) -> AECEnv:
+    """The native AEC game, with PettingZoo's order-enforcing wrapper."""
+    return OrderEnforcingWrapper(raw_env(**kwargs))
+
+
+def parallel_env(**kwargs: Any) -> ParallelEnv:
+    """A parallel view through PettingZoo's ``turn_based_aec_to_parallel``: every step only the agent whose
+    turn it is (``info["active"]``) is read."""
+    return turn_based_aec_to_parallel(env(**kwargs))
