@@ -144,3 +144,43 @@ def _parse_tool_call_json(block: str) -> ToolCall:
     if not isinstance(arguments, dict):
         return ToolCall(name=name, error="'arguments' must be a JSON object")
     return ToolCall(name=name, arguments=arguments)
+
+
+@dataclass(frozen=True)
+class Block:
+    """One ``open ... close`` span found by ``scan_blocks``. ``closed`` is False for an opening marker whose
+    closing marker never comes (then ``content`` runs to the end of the text)."""
+
+    name: str
+    content: str
+    start: int
+    end: int
+    closed: bool = True
+
+
+def scan_blocks(text: str, markers: dict[str, tuple[str, str]], *, limit: int | None = None) -> list[Block]:
+    """Blocks of several kinds (``name -> (open, close)`` markers), in order of appearance.
+
+    Text inside a block is not searched for other blocks (a ``<python>`` body may print ``"<answer>"``).
+    Scanning stops at the first unclosed block, which is returned with ``closed=False``, or after ``limit``
+    blocks. Each marker's next occurrence is only searched forward, so the scan is linear in ``len(text)``.
+    """
+    next_open = {name: text.find(opening) for name, (opening, _) in markers.items()}
+    blocks: list[Block] = []
+    position = 0
+    while limit is None or len(blocks) < limit:
+        for name, (opening, _) in markers.items():
+            if 0 <= next_open[name] < position:
+                next_open[name] = text.find(opening, position)
+        live = [(found, name) for name, found in next_open.items() if found >= 0]
+        if not live:
+            break
+        start, name = min(live)
+        opening, closing = markers[name]
+        end = text.find(closing, start + len(opening))
+        if end < 0:
+            blocks.append(Block(name, text[start + len(opening) :].strip(), start, len(text), closed=False))
+            break
+        blocks.append(Block(name, text[start + len(opening) : end].strip(), start, end + len(closing)))
+        position = end + len(closing)
+    return blocks

@@ -1,0 +1,67 @@
+"""Answer scoring shared by the QA environments: SQuAD-style normalisation, exact match, token F1,
+cover exact match (R1-Searcher) and numeric equality."""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections import Counter
+from collections.abc import Iterable
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+_NUMBER = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
+
+
+def normalize_answer(text: str) -> str:
+    """Lower case, drop punctuation, drop the articles a/an/the, squeeze whitespace (SQuAD / Search-R1)."""
+    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCTUATION)).split())
+
+
+def exact_match(prediction: str, answers: Iterable[str]) -> float:
+    normalized = normalize_answer(prediction)
+    return float(any(normalized == normalize_answer(answer) for answer in answers))
+
+
+def cover_exact_match(prediction: str, answers: Iterable[str]) -> float:
+    """R1-Searcher's cover EM: every token of a gold answer occurs in the prediction (any order)."""
+    tokens = set(normalize_answer(prediction).split(" "))
+    return float(any(all(t in tokens for t in normalize_answer(a).split(" ")) for a in answers))
+
+
+def f1_score(prediction: str, answers: Iterable[str]) -> float:
+    """Best token-level F1 over the gold answers; yes/no/noanswer must match exactly (HotpotQA rule)."""
+    best = 0.0
+    predicted = normalize_answer(prediction)
+    for answer in answers:
+        gold = normalize_answer(answer)
+        if (predicted in ("yes", "no", "noanswer") or gold in ("yes", "no", "noanswer")) and predicted != gold:
+            continue
+        common = Counter(predicted.split()) & Counter(gold.split())
+        same = sum(common.values())
+        if same:
+            precision, recall = same / len(predicted.split()), same / len(gold.split())
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
+
+
+def parse_number(text: str) -> float | None:
+    """A number written alone (thousands separators, a trailing period and spaces allowed), else None."""
+    cleaned = text.strip().rstrip(".").replace(",", "").replace("_", "").replace(" ", "")
+    if len(cleaned) > 64 or not _NUMBER.match(cleaned):
+        return None
+    value = float(cleaned)
+    return value if math.isfinite(value) else None
+
+
+def numeric_or_exact_match(prediction: str, answers: Iterable[str], rel_tol: float = 1e-6) -> float:
+    """Numbers compare by value (``12,000`` = ``12000.0``), everything else by exact match."""
+    answers = list(answers)
+    predicted = parse_number(prediction)
+    if predicted is not None:
+        for answer in answers:
+            gold = parse_number(answer)
+            if gold is not None and math.isclose(predicted, gold, rel_tol=rel_tol, abs_tol=1e-9):
+                return 1.0
+    return exact_match(prediction, answers)

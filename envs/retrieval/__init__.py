@@ -1,0 +1,25 @@
+"""rl_llm.envs.retrieval: corpora, BM25 and dense retrievers, and a shared retriever server."""
+
+from rl_llm.envs.retrieval.base import Hit, RetrievalError, Retriever, format_passages
+from rl_llm.envs.retrieval.bm25 import BM25Retriever
+from rl_llm.envs.retrieval.client import RetrieverClient
+from rl_llm.envs.retrieval.corpus import Passage, QAExample, load_corpus, load_qa
+from rl_llm.envs.retrieval.dense import DenseRetriever, HashingEmbedder, TransformersEmbedder
+from rl_llm.envs.retrieval.server import RetrieverServer
+
+__all__ = [
+    "BM25Retriever",
+    "DenseRetriever",
+    "HashingEmbedder",
+    "Hit",
+    "Passage",
+    "QAExample",
+    "RetrievalError",
+    "Retriever",
+    "RetrieverClient",
+    "RetrieverServer",
+    "TransformersEmbedder",
+    "format_passages",
+    "load_corpus",
+    "load_qa",
+]

@@ -1,0 +1,79 @@
+"""HTTP client of a retriever server: ours (``rl_llm.envs.retrieval.server``) or Search-R1's, which speak the
+same ``POST /retrieve {"queries", "topk", "return_scores"}`` protocol."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from rl_llm.envs.retrieval.base import Hit, RetrievalError, check_queries
+from rl_llm.envs.retrieval.corpus import Passage
+
+
+def passage_from_document(document: dict[str, Any]) -> Passage:
+    """A Passage from a server document: ``id``/``title``/``text``, or Search-R1's ``contents``
+    (``"title"\\ntext``)."""
+    if "text" in document:
+        return Passage(str(document.get("id", "")), str(document.get("title", "")), str(document["text"]))
+    title, _, text = str(document.get("contents", "")).partition("\n")
+    return Passage(str(document.get("id", "")), title.strip().strip('"'), text)
+
+
+class RetrieverClient:
+    """``search_batch`` over HTTP. Thread-safe (one pooled ``httpx.Client``); large batches are split into
+    requests of ``max_batch`` queries."""
+
+    def __init__(self, url: str, *, timeout: float = 30.0, max_batch: int = 256) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"retriever url must start with http:// or https://, got {url!r}")
+        self.url = url.rstrip("/")
+        self.max_batch = max_batch
+        self._http = httpx.Client(timeout=timeout)
+
+    def search(self, query: str, k: int = 3) -> list[Hit]:
+        return self.search_batch([query], k)[0]
+
+    def search_batch(self, queries: Sequence[str], k: int = 3) -> list[list[Hit]]:
+        queries = check_queries(queries, k)
+        results: list[list[Hit]] = []
+        for start in range(0, len(queries), self.max_batch):
+            chunk = queries[start : start + self.max_batch]
+            payload = self._post("/retrieve", {"queries": chunk, "topk": k, "return_scores": True})
+            rows = payload.get("result") if isinstance(payload, dict) else None
+            if not isinstance(rows, list) or len(rows) != len(chunk):
+                raise RetrievalError(f"retriever at {self.url} sent a malformed response (no 'result' list per query)")
+            results += [[self._hit(item) for item in row] for row in rows]
+        return results
+
+    @staticmethod
+    def _hit(item: Any) -> Hit:
+        if isinstance(item, dict) and isinstance(item.get("document"), dict):
+            return Hit(passage_from_document(item["document"]), float(item.get("score", 0.0)))
+        if isinstance(item, dict):
+            return Hit(passage_from_document(item), 0.0)
+        raise RetrievalError(f"retriever returned a non-object document: {str(item)[:80]!r}")
+
+    def health(self) -> dict[str, Any]:
+        try:
+            response = self._http.get(self.url + "/health")
+            response.raise_for_status()
+            return response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise RetrievalError(f"retriever at {self.url} is not healthy: {exc}") from exc
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        try:
+            response = self._http.post(self.url + path, json=body)
+        except httpx.HTTPError as exc:
+            raise RetrievalError(f"retriever at {self.url} is unreachable: {type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            raise RetrievalError(f"retriever at {self.url} answered HTTP {response.status_code}: {response.text[:200]}")
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise RetrievalError(f"retriever at {self.url} sent invalid JSON") from exc
+
+    def close(self) -> None:
+        self._http.close()

@@ -1,0 +1,242 @@
+"""Search-augmented question answering (Search-R1 protocol, with R1-Searcher and ReSearch variants)."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rl_llm.envs.base import Outcome, Task, TextEnv
+from rl_llm.envs.knowledge import bundled_kb
+from rl_llm.envs.parsing import Block, scan_blocks, truncate_middle
+from rl_llm.envs.qa_scoring import exact_match, f1_score, normalize_answer
+from rl_llm.envs.retrieval import (
+    BM25Retriever,
+    RetrievalError,
+    Retriever,
+    RetrieverClient,
+    load_corpus,
+    load_qa,
+)
+from rl_llm.envs.retrieval.corpus import Passage, QAExample, default_cache_dir
+from rl_llm.envs.search_protocols import PROTOCOLS, REWARDS, SearchProtocol
+
+MAX_QUERY_CHARS = 1000
+# Action blocks looked at per turn: the first is run, the others are only counted.
+MAX_BLOCKS_SCANNED = 64
+
+
+@functools.lru_cache(maxsize=16)
+def _shared_bm25(corpus_key: tuple[Any, ...], cache_dir: str) -> BM25Retriever:
+    """One BM25 index per corpus and process, shared by every environment instance."""
+    passages = bundled_kb(corpus_key[1]).passages if corpus_key[0] == "bundled" else load_corpus(corpus_key[1])
+    return BM25Retriever(passages, cache_dir=cache_dir)
+
+
+def resolve_retriever(retriever: Retriever | str, corpus: str | os.PathLike[str] | None, kb_seed: int,
+                      cache_dir: str | os.PathLike[str] | None) -> Retriever:  # fmt: skip
+    """``"bm25"`` (shared in-process index over the corpus), an ``http://`` URL (a retriever server), or any
+    object with ``search_batch``."""
+    if isinstance(retriever, str) and retriever.startswith(("http://", "https://")):
+        return RetrieverClient(retriever)
+    if retriever == "bm25":
+        # A file corpus is keyed by path and modification time, so an edited file gets a fresh index.
+        path = None if corpus is None else Path(corpus).resolve()
+        key: tuple[Any, ...] = ("bundled", kb_seed) if path is None else ("file", str(path), path.stat().st_mtime_ns)
+        return _shared_bm25(key, str(cache_dir or default_cache_dir() / "indexes"))
+    if isinstance(retriever, str) or not callable(getattr(retriever, "search_batch", None)):
+        raise ValueError(f"retriever must be 'bm25', an http:// URL or an object with search_batch, got {retriever!r}")
+    return retriever
+
+
+def choose_task(options: dict[str, Any], rng: np.random.Generator, count: int) -> int:
+    """``options["task_index"]`` when given (validated), else a task drawn from the env's seeded generator."""
+    index = options.get("task_index")
+    if index is None:
+        return int(rng.integers(count))
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
+        raise ValueError(f"options['task_index'] must be an int in [0, {count}), got {index!r}")
+    return index
+
+
+def retrieve_or_explain(retriever: Retriever, query: str, k: int) -> tuple[list[Any], str]:
+    """Hits for one query, or no hits and the reason the search failed (shown to the agent)."""
+    try:
+        return retriever.search_batch([query], k)[0], ""
+    except (RetrievalError, OSError, ValueError) as exc:
+        return [], f"search failed: {exc}"
+
+
+class SearchEnv(TextEnv):
+    """
+    ## Description
+    Question answering with a search engine, following Search-R1: the agent reasons, searches, reads the
+    top-k passages and answers. The bundled data set is a generated closed-world knowledge base (made-up
+    people, companies, cities and countries) with 1-, 2- and 3-hop questions that need exactly that many
+    searches; a user's own JSONL corpus and QA file (e.g. Wikipedia with NQ/HotpotQA) can be used instead.
+
+    ## Observation
+    On reset, ``Question: ...?`` (the protocol's instructions are the system prompt). After a search, the
+    passages in the protocol's result block: ``\\n\\n<information>Doc 1(Title: t) text\\n...</information>\\n\\n``
+    for ``search_r1``, ``<|begin_of_documents|>`` for ``r1_searcher``, ``<result>`` for ``research``.
+    After an invalid action, Search-R1's corrective message with the specific reason.
+
+    ## Action
+    One turn ending in one action: ``<search>query</search>`` (``<|begin_of_query|>..<|end_of_query|>`` for
+    ``r1_searcher``) or ``<answer>...</answer>`` (with ``\\boxed{x}`` inside for ``research``). The first
+    action of a turn is taken and the turn is cut after it, as Search-R1 does; further actions are ignored
+    (the result says how many). An unclosed tag, an empty or over-long query, or no action is invalid.
+
+    ## Rewards
+    On the final step, one component named after ``reward``: ``"em"`` (exact match after SQuAD
+    normalisation, default), ``"f1"``, ``"em_format"`` (Search-R1 format-aware), ``"r1_searcher_stage1"``,
+    ``"r1_searcher_stage2"`` or ``"research"`` (see ``search_protocols``). Earlier steps give 0.
+    ``info["metrics"]``: ``tool_calls``, ``correct`` (EM), ``f1``, ``answered``, ``turns``,
+    ``invalid_actions``, ``retrieval_hit`` (a gold answer appeared in some retrieved passage).
+
+    ## Episode End
+    Terminated by an answer; truncated after ``max_turns`` turns (then scored as "no answer").
+    ``info["optimal_tool_calls"]`` on reset is the number of needed searches when known.
+
+    ## Arguments
+    - ``corpus`` / ``qa``: JSONL paths (default: the bundled knowledge base, ``kb_seed``); ``hops``: keep only
+      bundled questions with these hop counts.
+    - ``retriever``: ``"bm25"`` (default; index cached under ``cache_dir``), an ``http://`` retriever server
+      URL, or a retriever object (e.g. ``DenseRetriever``); ``top_k`` (3).
+    - ``protocol``: ``"search_r1"`` (default), ``"r1_searcher"``, ``"research"``; ``reward`` as above.
+    - ``max_turns`` (6), ``max_passage_chars`` (4000: the result block is cut in the middle beyond it).
+
+    ## Version History
+    - v0: initial release.
+    """
+
+    def __init__(
+        self,
+        corpus: str | os.PathLike[str] | None = None,
+        qa: str | os.PathLike[str] | None = None,
+        retriever: Retriever | str = "bm25",
+        protocol: str = "search_r1",
+        reward: str = "em",
+        top_k: int = 3,
+        max_turns: int = 6,
+        hops: tuple[int, ...] | None = None,
+        kb_seed: int = 0,
+        cache_dir: str | os.PathLike[str] | None = None,
+        max_passage_chars: int = 4000,
+        render_mode: str | None = None,
+    ) -> None:
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {sorted(PROTOCOLS)}, got {protocol!r}")
+        if reward not in REWARDS:
+            raise ValueError(f"reward must be one of {sorted(REWARDS)}, got {reward!r}")
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        if (corpus is None) != (qa is None):
+            raise ValueError("pass both corpus and qa (your own data) or neither (the bundled knowledge base)")
+        super().__init__(max_turns=max_turns, render_mode=render_mode)
+        self.protocol: SearchProtocol = PROTOCOLS[protocol]
+        self.stop = self.protocol.stop
+        self.reward_name, self.top_k, self.max_passage_chars = reward, top_k, max_passage_chars
+        tasks = bundled_kb(kb_seed).search_questions if qa is None else load_qa(qa)
+        if hops is not None:
+            tasks = [t for t in tasks if t.optimal_tool_calls in hops]
+        if not tasks:
+            raise ValueError(f"no questions left (hops={hops})")
+        self.tasks: list[QAExample] = tasks
+        self.retriever = resolve_retriever(retriever, corpus, kb_seed, cache_dir)
+
+    # -- episode -----------------------------------------------------------------------------------------
+    def _reset(self, options: dict[str, Any]) -> Task:
+        index = choose_task(options, self.np_random, len(self.tasks))
+        self.current_task = self.tasks[index]
+        self.tool_calls = self.invalid_actions = 0
+        self.response = ""  # the policy's turns and the observations between them (for format rewards)
+        self.retrieved: list[Passage] = []
+        question = self.current_task.question
+        info: dict[str, Any] = {"task_index": index}
+        if self.current_task.optimal_tool_calls is not None:
+            info["optimal_tool_calls"] = self.current_task.optimal_tool_calls
+        observation = f"Question: {question if question.endswith('?') else question + '?'}"
+        self.initial_observation = observation
+        return Task(observation, self.current_task.id, self.protocol.instructions, info)
+
+    def _step(self, action: str) -> Outcome:
+        blocks = scan_blocks(action, self.protocol.markers, limit=MAX_BLOCKS_SCANNED)
+        if not blocks or not blocks[0].closed:
+            return self._invalid(action, self._reason(blocks))
+        first = blocks[0]
+        self.response += action[: first.end]
+        if first.name == "answer":
+            return self._finish(self.protocol.extract_answer(first.content), finished=True)
+        if not first.content:
+            return self._invalid("", "the search query is empty", keep_turn=True)
+        if len(first.content) > MAX_QUERY_CHARS:
+            return self._invalid("", f"the search query is over {MAX_QUERY_CHARS} characters", keep_turn=True)
+        return self._search(first.content, ignored=len(blocks) - 1)
+
+    def _reason(self, blocks: list[Block]) -> str:
+        if blocks:
+            opening, closing = self.protocol.markers[blocks[0].name]
+            return f"the {opening} tag was not closed with {closing}"
+        return "there was no complete search or answer tag"
+
+    def _search(self, query: str, ignored: int) -> Outcome:
+        self.tool_calls += 1
+        hits, error = retrieve_or_explain(self.retriever, query, self.top_k)
+        self.retrieved += [hit.passage for hit in hits]
+        notes = [error] if error else []
+        if ignored:
+            notes.append(f"only the first action of a turn is run; {ignored} more in that turn were ignored")
+        if self.turn == self.max_turns - 1:
+            notes.append("this was the last search: give the answer in the next turn")
+        observation = self.protocol.observation(hits, "; ".join(notes))
+        if len(observation) > self.max_passage_chars:
+            observation = _cut_inside(observation, self.protocol.result_tags, self.max_passage_chars)
+        return self._continue(observation, invalid=False)
+
+    def _invalid(self, action: str, reason: str, keep_turn: bool = False) -> Outcome:
+        """A corrective observation; ``keep_turn`` when the turn's text was already added to the response."""
+        self.invalid_actions += 1
+        if not keep_turn:
+            self.response += action
+        return self._continue(self.protocol.corrective(reason), invalid=True)
+
+    def _continue(self, observation: str, invalid: bool) -> Outcome:
+        if self.turn >= self.max_turns:  # the base class truncates after this step: score it as unanswered
+            outcome = self._finish(None, finished=False)
+            return Outcome(observation, outcome.rewards, invalid_action=invalid, metrics=outcome.metrics, info=outcome.info)
+        self.response += observation
+        return Outcome(observation, {self.reward_name: 0.0}, invalid_action=invalid, metrics=self._metrics(None))
+
+    def _finish(self, answer: str | None, finished: bool) -> Outcome:
+        golds = self.current_task.answers
+        reward = REWARDS[self.reward_name](self.response, answer, golds)  # an unfinished episode has no answer
+        verdict = "correct" if answer is not None and exact_match(answer, golds) else "incorrect"
+        message = f"Episode over: the answer is {verdict}." if answer is not None else "Episode over: no answer was given."
+        return Outcome(message, {self.reward_name: float(reward)}, terminated=finished, metrics=self._metrics(answer),
+                       info={"answer": answer})  # fmt: skip
+
+    def _metrics(self, answer: str | None) -> dict[str, float]:
+        golds = self.current_task.answers
+        retrieved = " ".join(normalize_answer(p.contents) for p in self.retrieved)
+        return {
+            "tool_calls": float(self.tool_calls),
+            "correct": exact_match(answer, golds) if answer is not None else 0.0,
+            "f1": f1_score(answer, golds) if answer is not None else 0.0,
+            "answered": float(answer is not None),
+            "turns": float(self.turn),
+            "invalid_actions": float(self.invalid_actions),
+            "retrieval_hit": float(any(normalize_answer(g) in retrieved for g in golds)),
+        }
+
+
+def _cut_inside(observation: str, tags: tuple[str, str], limit: int) -> str:
+    """Shorten the text inside the result block so the tags survive the cut."""
+    opening, closing = tags
+    start = observation.find(opening) + len(opening)
+    end = observation.rfind(closing)
+    inner = truncate_middle(observation[start:end], max(limit - (len(observation) - (end - start)), 200))
+    return observation[:start] + inner + observation[end:]

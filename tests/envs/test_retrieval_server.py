@@ -1,0 +1,118 @@
+"""The retriever server: real HTTP on 127.0.0.1, concurrent clients in threads and in another process,
+micro-batching, bad requests, and the Search environment using it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import gymnasium as gym
+import httpx
+import pytest
+
+import rl_llm  # noqa: F401
+from rl_llm.envs.knowledge import bundled_kb
+from rl_llm.envs.retrieval import BM25Retriever, RetrievalError, RetrieverClient, RetrieverServer
+
+
+@pytest.fixture(scope="module")
+def retriever():
+    return BM25Retriever(bundled_kb().passages)
+
+
+@pytest.fixture
+def server(retriever):
+    # A long linger so that concurrent requests are visibly merged into shared batches.
+    with RetrieverServer(retriever, max_wait_s=0.02) as running:
+        yield running
+
+
+def test_concurrent_clients_get_the_same_results_as_the_in_process_index(server, retriever) -> None:
+    names = [p.title for p in bundled_kb().passages[:64]]
+    expected = retriever.search_batch(names, 3)
+    results: dict[int, list] = {}
+    errors: list[BaseException] = []
+
+    def client_thread(worker: int) -> None:
+        client = RetrieverClient(server.url)
+        try:
+            mine = names[worker::8]
+            results[worker] = [client.search(name, 3) for name in mine[:4]] + client.search_batch(mine[4:], 3)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=client_thread, args=(w,)) for w in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    for worker, rows in results.items():
+        assert rows == expected[worker::8]
+    health = RetrieverClient(server.url).health()
+    assert health["status"] == "ok" and health["passages"] == len(bundled_kb().passages)
+    assert health["requests"] == 8 * 5
+    assert health["batches"] < health["requests"]  # concurrent requests were answered together
+
+
+def test_a_client_in_another_process_shares_the_server(server, retriever) -> None:
+    code = (
+        "import sys, json\n"
+        "from rl_llm.envs.retrieval import RetrieverClient\n"
+        "hits = RetrieverClient(sys.argv[1]).search_batch(sys.argv[2:], 2)\n"
+        "print(json.dumps([[h.passage.id for h in row] for row in hits]))\n"
+    )
+    queries = [p.title for p in bundled_kb().passages[100:103]]
+    output = subprocess.run([sys.executable, "-c", code, server.url, *queries], capture_output=True, text=True,
+                            timeout=120, check=True).stdout  # fmt: skip
+    expected = [[h.passage.id for h in row] for row in retriever.search_batch(queries, 2)]
+    assert output.strip() == str(expected).replace("'", '"')
+
+
+def test_bad_requests_get_clear_errors(server) -> None:
+    with httpx.Client() as http:
+        wrong_type = http.post(server.url + "/retrieve", json={"queries": "Paris"})
+        assert wrong_type.status_code == 400 and "list of strings" in wrong_type.json()["error"]
+        bad_k = http.post(server.url + "/retrieve", json={"queries": ["x"], "topk": 1000})
+        assert bad_k.status_code == 400 and "topk" in bad_k.json()["error"]
+        not_json = http.post(server.url + "/retrieve", content=b"{oops")
+        assert not_json.status_code == 400
+        assert http.get(server.url + "/nowhere").status_code == 404
+        plain = http.post(server.url + "/retrieve", json={"queries": [bundled_kb().passages[0].title], "topk": 1,
+                                                            "return_scores": False})  # fmt: skip
+        assert plain.json()["result"][0][0]["title"] == bundled_kb().passages[0].title  # Search-R1 layout
+    assert RetrieverClient(server.url).search_batch([], 3) == []
+
+
+def test_client_reports_an_unreachable_server(retriever) -> None:
+    server = RetrieverServer(retriever).start()
+    url = server.url
+    server.stop()
+    with pytest.raises(RetrievalError, match="unreachable"):
+        RetrieverClient(url, timeout=2).search("anything")
+    with pytest.raises(ValueError, match="http://"):
+        RetrieverClient("localhost:8000")
+
+
+def test_search_env_through_the_server_matches_the_in_process_index(server) -> None:
+    remote = gym.make("rl-llm/Search-v0", retriever=server.url)
+    local = gym.make("rl-llm/Search-v0")
+    for env in (remote, local):
+        env.reset(seed=5)
+    question = remote.unwrapped.current_task
+    for query in question.oracle_queries:
+        assert remote.step(f"<search>{query}</search>")[0] == local.step(f"<search>{query}</search>")[0]
+    assert remote.step(f"<answer>{question.answers[0]}</answer>")[1] == 1.0
+
+
+def test_search_env_reports_a_dead_server_as_an_observation(retriever) -> None:
+    server = RetrieverServer(retriever).start()
+    env = gym.make("rl-llm/Search-v0", retriever=server.url)
+    server.stop()
+    env.reset(seed=0)
+    observation, _, terminated, _, info = env.step("<search>anything</search>")
+    assert "search failed" in observation and "unreachable" in observation
+    assert not terminated and info["metrics"]["tool_calls"] == 1
