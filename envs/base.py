@@ -121,6 +121,15 @@ class TextEnv(gym.Env[str, str]):
         """The transcript text whatever the render mode."""
         return _format_transcript(self._transcript)
 
+    def _choose_task_index(self, options: dict[str, Any], count: int) -> int:
+        """``options["task_index"]`` when given (validated), else a task drawn from the seeded generator."""
+        index = options.get("task_index")
+        if index is None:
+            return int(self.np_random.integers(count))
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
+            raise ValueError(f"options['task_index'] must be an int in [0, {count}), got {index!r}")
+        return index
+
     @property
     def turn(self) -> int:
         """Turns taken in the current episode."""

@@ -7,8 +7,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.knowledge import bundled_kb
 from rl_llm.envs.parsing import Block, scan_blocks, truncate_middle
@@ -50,16 +48,6 @@ def resolve_retriever(retriever: Retriever | str, corpus: str | os.PathLike[str]
     if isinstance(retriever, str) or not callable(getattr(retriever, "search_batch", None)):
         raise ValueError(f"retriever must be 'bm25', an http:// URL or an object with search_batch, got {retriever!r}")
     return retriever
-
-
-def choose_task(options: dict[str, Any], rng: np.random.Generator, count: int) -> int:
-    """``options["task_index"]`` when given (validated), else a task drawn from the env's seeded generator."""
-    index = options.get("task_index")
-    if index is None:
-        return int(rng.integers(count))
-    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
-        raise ValueError(f"options['task_index'] must be an int in [0, {count}), got {index!r}")
-    return index
 
 
 def retrieve_or_explain(retriever: Retriever, query: str, k: int) -> tuple[list[Any], str]:
@@ -150,7 +138,7 @@ class SearchEnv(TextEnv):
 
     # -- episode -----------------------------------------------------------------------------------------
     def _reset(self, options: dict[str, Any]) -> Task:
-        index = choose_task(options, self.np_random, len(self.tasks))
+        index = self._choose_task_index(options, len(self.tasks))
         self.current_task = self.tasks[index]
         self.tool_calls = self.invalid_actions = 0
         self.response = ""  # the policy's turns and the observations between them (for format rewards)

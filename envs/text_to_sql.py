@@ -151,11 +151,7 @@ class TextToSQLEnv(TextEnv):
 
     # -- episode ------------------------------------------------------------------------------------------
     def _reset(self, options: dict[str, Any]) -> Task:
-        index = options.get("task_index")
-        if index is None:
-            index = int(self.np_random.integers(len(self.tasks)))
-        elif not isinstance(index, int) or not 0 <= index < len(self.tasks):
-            raise ValueError(f"options['task_index'] must be an int in [0, {len(self.tasks)}), got {index!r}")
+        index = self._choose_task_index(options, len(self.tasks))
         task = self.current_task = self.tasks[index]
         self.task_index = index
         self._queries = self._errors = self._timeouts = 0

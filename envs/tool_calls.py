@@ -12,7 +12,7 @@ from rl_llm.envs.knowledge import TOOL_TASK_KINDS, ToolTask, bundled_kb
 from rl_llm.envs.parsing import Block, parse_json_tool_calls, scan_blocks, truncate_middle
 from rl_llm.envs.qa_scoring import numeric_or_exact_match
 from rl_llm.envs.retrieval import Retriever, format_passages
-from rl_llm.envs.search import MAX_QUERY_CHARS, choose_task, resolve_retriever, retrieve_or_explain
+from rl_llm.envs.search import MAX_QUERY_CHARS, resolve_retriever, retrieve_or_explain
 from rl_llm.envs.tools import TOOLS, CalculatorError, PythonTool, ToolUnavailable, calculate, format_number
 from rl_llm.envs.tools.specs import validate_arguments
 
@@ -120,7 +120,7 @@ class ToolCallsEnv(TextEnv):
 
     # -- episode -----------------------------------------------------------------------------------------
     def _reset(self, options: dict[str, Any]) -> Task:
-        index = choose_task(options, self.np_random, len(self.tasks))
+        index = self._choose_task_index(options, len(self.tasks))
         self.current_task = self.tasks[index]
         self.counts = {"tool_calls": 0, "invalid_tool_calls": 0, **{f"{name}_calls": 0 for name in TOOLS}}
         if self.python is not None:
