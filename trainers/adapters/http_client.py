@@ -1,0 +1,128 @@
+"""A small Python client for the rl-llm env server (``http_server.py``).
+
+``EnvClient(url).make(env_id, **kwargs)`` returns a :class:`RemoteEnv` with the Gymnasium ``reset``/``step``/
+``close`` API, so code written for local envs (the rollout engine, ``run_episodes``) runs against remote ones.
+``step_batch``/``reset_batch`` move many sessions in one request; a failed item comes back as an
+:class:`EnvServerError` in its slot, the others still succeed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+import httpx
+
+from rl_llm.envs.base import MAX_TEXT_LENGTH
+from rl_llm.envs.spaces import UnicodeText
+
+StepResult = tuple[str, float, bool, bool, dict[str, Any]]
+
+
+class EnvServerError(RuntimeError):
+    """The server refused or failed a request; ``status`` is the HTTP status, ``detail`` its explanation."""
+
+    def __init__(self, status: int, detail: Any) -> None:
+        super().__init__(f"env server error {status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+class EnvClient:
+    """Synchronous client; thread-safe (one ``httpx.Client`` connection pool shared by all sessions)."""
+
+    def __init__(self, base_url: str, timeout: float = 120.0, transport: httpx.BaseTransport | None = None) -> None:
+        self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport)
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        response = self._http.request(method, path, json=body)
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise EnvServerError(response.status_code, detail)
+        return response.json()
+
+    # -- sessions ---------------------------------------------------------------------------------------------
+    def create(self, env_id: str, count: int = 1, **kwargs: Any) -> list[str]:
+        return self._request("POST", "/sessions", {"env_id": env_id, "kwargs": kwargs, "count": count})["session_ids"]
+
+    def make(self, env_id: str, **kwargs: Any) -> RemoteEnv:
+        return RemoteEnv(self, self.create(env_id, **kwargs)[0])
+
+    def reset(self, session_id: str, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        result = self._request("POST", f"/sessions/{session_id}/reset", {"seed": seed, "options": options})
+        return result["observation"], result["info"]
+
+    def step(self, session_id: str, action: str) -> StepResult:
+        return _step_tuple(self._request("POST", f"/sessions/{session_id}/step", {"action": action}))
+
+    def close_session(self, session_id: str) -> None:
+        self._request("DELETE", f"/sessions/{session_id}")
+
+    # -- batches ----------------------------------------------------------------------------------------------
+    def reset_batch(
+        self, session_ids: Sequence[str], seeds: Sequence[int | None], options: Sequence[dict[str, Any] | None] | None = None
+    ) -> list[tuple[str, dict[str, Any]] | EnvServerError]:
+        options = options if options is not None else [None] * len(session_ids)
+        items = [{"session_id": s, "seed": seed, "options": o} for s, seed, o in zip(session_ids, seeds, options, strict=True)]
+        results = self._request("POST", "/batch/reset", {"items": items})["results"]
+        return [_item_error(r) or (r["observation"], r["info"]) for r in results]
+
+    def step_batch(self, session_ids: Sequence[str], actions: Sequence[str]) -> list[StepResult | EnvServerError]:
+        items = [{"session_id": s, "action": a} for s, a in zip(session_ids, actions, strict=True)]
+        results = self._request("POST", "/batch/step", {"items": items})["results"]
+        return [_item_error(r) or _step_tuple(r) for r in results]
+
+    # -- server -----------------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        return self._request("GET", "/stats")
+
+    def env_ids(self) -> list[str]:
+        return self._request("GET", "/envs")["env_ids"]
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> EnvClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _step_tuple(result: dict[str, Any]) -> StepResult:
+    return result["observation"], result["reward"], result["terminated"], result["truncated"], result["info"]
+
+
+def _item_error(result: dict[str, Any]) -> EnvServerError | None:
+    error = result.get("error")
+    return EnvServerError(error["status"], error["detail"]) if error else None
+
+
+class RemoteEnv(gym.Env[str, str]):
+    """A server session behind the Gymnasium API. ``close()`` ends the session on the server."""
+
+    def __init__(self, client: EnvClient, session_id: str) -> None:
+        self.client = client
+        self.session_id = session_id
+        self.observation_space = UnicodeText(MAX_TEXT_LENGTH)
+        self.action_space = UnicodeText(MAX_TEXT_LENGTH)
+        self._closed = False
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        return self.client.reset(self.session_id, seed=seed, options=options)
+
+    def step(self, action: str) -> StepResult:
+        return self.client.step(self.session_id, action)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                self.client.close_session(self.session_id)
+            except EnvServerError as error:
+                if error.status != 404:  # already reaped or timed out: nothing left to close
+                    raise
