@@ -1,8 +1,11 @@
 """Run a policy on an environment for N seeded episodes and summarise the results.
 
-Episodes run as a batch: every live environment's conversation goes to the policy in one ``act`` call, so
-batched backends generate for all of them at once. Episode ``i`` uses seed ``seed + i``, so two agents
-evaluated with the same seed face the same tasks.
+``evaluate`` is the one entry point (``rl-llm eval`` uses it): LLM policies play through the rollout engine
+(concurrent, token-in token-out; ``trajectories_out`` keeps the full trajectories), baselines through
+``run_episodes``, where every live environment's conversation goes to the policy in one ``act`` call.
+Episode ``i`` uses seed ``seed + i``, so two agents evaluated with the same seed face the same tasks.
+``summarize`` gives means with 95% intervals, ``write_jsonl`` one line per episode, ``plot_records`` a PNG
+of the return distribution and the env metrics.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 
 from rl_llm.agents.policy import Policy
-from rl_llm.types import Message
+from rl_llm.types import Message, Trajectory
 
 # Two-sided 95% Student-t quantiles for 1..30 degrees of freedom; the normal 1.96 beyond.
 _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -51,6 +54,7 @@ class EpisodeRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     reward_components: dict[str, float] = field(default_factory=dict)
     transcript: str | None = None
+    error: str | None = None
 
 
 def run_episodes(
@@ -142,4 +146,93 @@ def write_jsonl(records: list[EpisodeRecord], path: str | Path, **extra: Any) ->
     with path.open("w", encoding="utf-8") as handle:
         for record in records:
             handle.write(json.dumps({**extra, **asdict(record)}, ensure_ascii=False) + "\n")
+    return path
+
+
+def evaluate(
+    env_id: str,
+    policy: Policy,
+    episodes: int,
+    *,
+    seed: int = 0,
+    env_kwargs: dict[str, Any] | None = None,
+    batch_size: int = 16,
+    keep_transcripts: bool = False,
+    on_episode: Callable[[EpisodeRecord], None] | None = None,
+    trajectories_out: str | Path | None = None,
+) -> list[EpisodeRecord]:
+    """Play ``episodes`` seeded episodes with any agent; ``batch_size`` is the number of envs in flight."""
+    from rl_llm.agents.llm import LLMPolicy
+
+    env_kwargs = dict(env_kwargs or {})
+    if not isinstance(policy, LLMPolicy):
+        return run_episodes(
+            lambda: gym.make(env_id, **env_kwargs), policy, episodes, seed=seed, batch_size=batch_size,
+            keep_transcripts=keep_transcripts, on_episode=on_episode,
+        )  # fmt: skip
+    from rl_llm.agents.rollout import collect, write_trajectories
+
+    def record(trajectory: Trajectory) -> EpisodeRecord:
+        return trajectory_record(trajectory, int(trajectory.seed or 0) - seed, keep_transcripts)
+
+    trajectories = collect(
+        env_id, policy, list(range(seed, seed + episodes)), env_kwargs=env_kwargs, concurrency=batch_size,
+        on_trajectory=None if on_episode is None else lambda trajectory: on_episode(record(trajectory)),
+    )  # fmt: skip
+    if trajectories_out is not None:
+        write_trajectories(trajectories, trajectories_out)
+    return [record(trajectory) for trajectory in trajectories]
+
+
+def trajectory_record(trajectory: Trajectory, episode: int, keep_transcript: bool = False) -> EpisodeRecord:
+    components: dict[str, float] = {}
+    for turn in trajectory.turns:
+        for name, value in turn.info.get("reward_components", {}).items():
+            components[name] = components.get(name, 0.0) + value
+    transcript = None
+    if keep_transcript:
+        transcript = "\n\n".join(f"[{m.role}]\n{m.content}" for m in trajectory.messages)
+    return EpisodeRecord(
+        episode=episode,
+        seed=int(trajectory.seed) if trajectory.seed is not None else -1,
+        task_id=trajectory.task_id,
+        episode_return=trajectory.total_reward,
+        turns=len(trajectory.turns),
+        terminated=trajectory.terminated,
+        truncated=trajectory.truncated,
+        invalid_actions=sum(turn.invalid_action for turn in trajectory.turns),
+        metrics=dict(trajectory.metrics),
+        reward_components=components,
+        transcript=transcript,
+        error=trajectory.error,
+    )
+
+
+def plot_records(records: list[EpisodeRecord], path: str | Path, title: str = "") -> Path:
+    """A PNG with the return distribution (left) and every figure's mean with its 95% interval (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    summary = {name: value for name, value in summarize(records).items() if name != "return"}
+    returns = [record.episode_return for record in records]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, max(3.5, 0.35 * len(summary) + 1.5)))
+    left.hist(returns, bins=min(30, max(5, len(set(returns)))), color="#4c72b0", edgecolor="white")
+    mean, half = mean_ci95(returns)
+    left.axvline(mean, color="black", linestyle="--", label=f"mean {mean:.3g}" + ("" if half != half else f" ± {half:.2g}"))
+    left.set(xlabel="episode return", ylabel="episodes", title="return distribution")
+    left.legend()
+    names = list(summary)
+    means = [summary[name][0] for name in names]
+    errors = [0.0 if summary[name][1] != summary[name][1] else summary[name][1] for name in names]
+    right.barh(names, means, xerr=errors, color="#55a868", capsize=3)
+    right.invert_yaxis()
+    right.set(title="means with 95% intervals")
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
     return path

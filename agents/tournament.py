@@ -25,7 +25,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rl_llm.agents.baselines.social import SOCIAL_BASELINES, make_social_baseline
+from rl_llm.agents.baselines import make_baseline
+from rl_llm.agents.baselines.social import SOCIAL_BASELINES
 from rl_llm.agents.evaluate import mean_ci95
 from rl_llm.agents.policy import Policy
 from rl_llm.envs.social import load
@@ -185,11 +186,11 @@ def run_tournament(
     """
     load(game)  # a clear error for an unknown game before anything runs
     if not isinstance(agents, Mapping):
-        agents = {name: make_social_baseline(game, name, seed=_seed_for(game, name, *seeds)) for name in agents}
+        agents = {name: make_baseline(name, game, seed=_seed_for(game, name, *seeds)) for name in agents}
     if len(agents) < 1:
         raise ValueError("a tournament needs at least one agent")
     exploiter_names = list(SOCIAL_BASELINES.get(game, {}) if exploiters is None else exploiters)
-    extra = {name: make_social_baseline(game, name, seed=_seed_for(game, "exploiter", name, *seeds))
+    extra = {name: make_baseline(name, game, seed=_seed_for(game, "exploiter", name, *seeds))
              for name in exploiter_names if name not in agents}
 
     def play(a: str, b: str, pool: Mapping[str, Policy]) -> list[MatchRecord]:

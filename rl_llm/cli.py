@@ -31,6 +31,16 @@ def parse_kwargs(pairs: Sequence[str]) -> dict[str, Any]:
     return kwargs
 
 
+def social_game(name: str) -> str | None:
+    """The social game module name (``prisoners_dilemma_v0``; ``prisoners_dilemma`` also works), or None."""
+    from rl_llm.envs.social import GAMES
+
+    for game in GAMES:
+        if name in (game, game.rsplit("_v", 1)[0]):
+            return game
+    return None
+
+
 def resolve_env_id(name: str) -> str:
     """Accept ``rl-llm/TicTacToe-v0``, ``TicTacToe-v0`` or ``TicTacToe``."""
     for env_id in env_ids():
@@ -50,6 +60,16 @@ def cmd_list(args: argparse.Namespace) -> int:
     for entry in ENVIRONMENTS:
         table.add_row(entry.id, entry.summary, ", ".join(baselines_for(entry.id)))
     console.print(table)
+
+    from rl_llm.envs.social import GAMES
+
+    games = Table(title="two-player games (PettingZoo, rl_llm.envs.social)")
+    games.add_column("game")
+    games.add_column("description")
+    games.add_column("baselines")
+    for game, summary in GAMES.items():
+        games.add_row(game, summary, ", ".join(baselines_for(game)))
+    console.print(games)
     return 0
 
 
@@ -97,44 +117,95 @@ def print_summary(title: str, summaries: dict[str, dict[str, tuple[float, float]
     console.print(table)
 
 
-def make_agent(spec: str, env_id: str, seed: int):
-    """A baseline name, or ``backend:MODEL`` for an LLM backend (see rl_llm.agents.make_policy)."""
-    from rl_llm.agents import make_policy
+def cmd_tournament(game: str, args: argparse.Namespace) -> int:
+    """``rl-llm eval GAME --agents a,b,...``: a round robin with both seat orders over ``--episodes`` seeds."""
+    from rl_llm.agents import is_llm_spec, make_policy
+    from rl_llm.agents.baselines import baselines_for, make_baseline
+    from rl_llm.agents.tournament import print_tournament, run_tournament, write_jsonl
 
-    return make_policy(spec, env_id, seed=seed)
+    names = [name for name in (args.agents or args.agent or "").split(",") if name] or baselines_for(game)
+    options = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+    llms = {name: make_policy(name, game, seed=args.seed, **options) for name in names if is_llm_spec(name)}
+    agents = {name: llms.get(name) or make_baseline(name, game, seed=args.seed) for name in names}
+    try:
+        result = run_tournament(
+            game, agents, seeds=range(args.seed, args.seed + args.episodes), env_kwargs=parse_kwargs(args.kwarg),
+            exploiters=args.exploiters.split(",") if args.exploiters else None,
+        )  # fmt: skip
+    finally:
+        for policy in llms.values():
+            policy.close()
+    print_tournament(result, console)
+    out = Path(args.out or f"runs/eval/{game}-tournament.jsonl")
+    write_jsonl(result, out)
+    console.print(f"matches written to {out}")
+    return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from rl_llm.agents.evaluate import run_episodes, summarize, write_jsonl
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rl_llm.agents import is_llm_spec, make_policy
+
+    game = social_game(args.env)
+    if game is not None:
+        return cmd_tournament(game, args)
+    if not args.agent:
+        raise ValueError("--agent is required for a single-agent environment")
+    from rl_llm.agents.evaluate import evaluate, plot_records, summarize, write_jsonl
 
     env_id = resolve_env_id(args.env)
     kwargs = parse_kwargs(args.kwarg)
-    policy = make_agent(args.agent, env_id, args.seed)
+    policy = make_policy(args.agent, env_id, seed=args.seed, max_new_tokens=args.max_new_tokens,
+                         temperature=args.temperature)  # fmt: skip
+    name = args.agent.replace(":", "_").replace("/", "_").replace("#", "_")
+    out = Path(args.out or f"runs/eval/{env_id.split('/')[1]}-{name}.jsonl")
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
-        records = run_episodes(
-            lambda: gym.make(env_id, **kwargs), policy, args.episodes, seed=args.seed, batch_size=args.batch_size
-        )
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task(f"{args.agent} on {env_id}", total=args.episodes)
+            records = evaluate(
+                env_id, policy, args.episodes, seed=args.seed, env_kwargs=kwargs, batch_size=args.batch_size,
+                on_episode=lambda record: progress.advance(task),
+                trajectories_out=out.with_suffix(".trajectories.jsonl") if is_llm_spec(args.agent) else None,
+            )  # fmt: skip
     finally:
         policy.close()
-    print_summary(f"{env_id}: {args.episodes} episodes, seeds {args.seed}..{args.seed + args.episodes - 1}",
-                  {args.agent: summarize(records)})
-    out = Path(args.out or f"runs/eval/{env_id.split('/')[1]}-{args.agent.replace(':', '_').replace('/', '_')}.jsonl")
+    title = f"{env_id}: {args.episodes} episodes, seeds {args.seed}..{args.seed + args.episodes - 1}"
+    print_summary(title, {args.agent: summarize(records)})
+    failed = [record for record in records if record.error]
+    if failed:
+        console.print(f"[yellow]{len(failed)} episode(s) ended on an error[/yellow], e.g. {failed[0].error}")
     write_jsonl(records, out, env_id=env_id, agent=args.agent)
-    console.print(f"episodes written to {out}")
+    try:
+        plot = plot_records(records, out.with_suffix(".png"), title=f"{args.agent} on {env_id}")
+    except ImportError:  # matplotlib comes with the llm extra
+        console.print(f"episodes written to {out} (no plot: pip install matplotlib)")
+        return 0
+    console.print(f"episodes written to {out}, plot to {plot}")
     return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from rl_llm.agents.baselines import baselines_for, make_baseline
     from rl_llm.agents.evaluate import run_episodes, summarize
+    from rl_llm.agents.tournament import print_tournament, run_tournament
+    from rl_llm.envs.social import GAMES
 
-    selected = [resolve_env_id(name) for name in args.envs] if args.envs else env_ids()
-    for env_id in selected:
-        summaries = {}
+    names = args.envs or [*env_ids(), *GAMES]
+    for name in names:
+        game = social_game(name)
+        if game is not None:
+            seeds = range(args.seed, args.seed + max(1, args.episodes // 10))
+            print_tournament(run_tournament(game, baselines_for(game), seeds=seeds), console)
+            continue
+        env_id = resolve_env_id(name)
         make_env = partial(gym.make, env_id)
-        for name in baselines_for(env_id):
-            records = run_episodes(make_env, make_baseline(name, env_id, seed=args.seed), args.episodes, seed=args.seed)
-            summaries[name] = summarize(records)
+        summaries = {
+            baseline: summarize(run_episodes(make_env, make_baseline(baseline, env_id, seed=args.seed),
+                                             args.episodes, seed=args.seed))
+            for baseline in baselines_for(env_id)
+        }  # fmt: skip
         if summaries:
             print_summary(f"{env_id}: {args.episodes} episodes per baseline", summaries)
     return 0
@@ -159,18 +230,26 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("-k", "--kwarg", action="append", default=[], metavar="KEY=VALUE", help="env argument")
     play.set_defaults(func=cmd_play)
 
-    evaluate = sub.add_parser("eval", help="evaluate an agent for N seeded episodes")
-    evaluate.add_argument("env")
-    evaluate.add_argument("--agent", required=True, help="baseline name (see `rl-llm list`) or backend:MODEL")
+    evaluate = sub.add_parser("eval", help="evaluate an agent for N seeded episodes (a tournament for games)")
+    evaluate.add_argument("env", help="environment id, or a two-player game such as prisoners_dilemma_v0")
+    evaluate.add_argument("--agents", default=None,
+                          help="games: comma-separated agents for the round robin (default: every baseline)")
+    evaluate.add_argument("--exploiters", default=None,
+                          help="games: comma-separated best-response candidates (default: every baseline)")
+    evaluate.add_argument("--agent",
+                          help="baseline name (see `rl-llm list`), hf:tiny, hf:PATH, vllm:MODEL, "
+                               "vllm:http://HOST:PORT#MODEL, vllm-serve:MODEL or openai:URL#MODEL")  # fmt: skip
     evaluate.add_argument("--episodes", type=int, default=20)
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--batch-size", type=int, default=16)
-    evaluate.add_argument("--out", default=None, help="JSONL path for per-episode records")
+    evaluate.add_argument("--out", default=None, help="JSONL path for per-episode records (the plot goes next to it)")
     evaluate.add_argument("-k", "--kwarg", action="append", default=[], metavar="KEY=VALUE", help="env argument")
+    evaluate.add_argument("--max-new-tokens", type=int, default=None, help="LLM agents: tokens per turn (256)")
+    evaluate.add_argument("--temperature", type=float, default=None, help="LLM agents: sampling temperature (1.0)")
     evaluate.set_defaults(func=cmd_eval)
 
-    bench = sub.add_parser("bench", help="every baseline on every environment")
-    bench.add_argument("envs", nargs="*")
+    bench = sub.add_parser("bench", help="every baseline on every environment (tournaments for the games)")
+    bench.add_argument("envs", nargs="*", help="environments or games (default: all)")
     bench.add_argument("--episodes", type=int, default=50)
     bench.add_argument("--seed", type=int, default=0)
     bench.set_defaults(func=cmd_bench)
@@ -187,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as error:  # bad user input: a clear message, not a traceback
+    except (ValueError, FileNotFoundError, ImportError) as error:  # a clear message, not a traceback
         console.print(f"[red]error:[/red] {error}", markup=True)
         return 2
 

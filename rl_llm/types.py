@@ -11,7 +11,9 @@ from dataclasses import asdict, dataclass, field
 from enum import IntEnum
 from typing import Any, Literal
 
-TRAJECTORY_SCHEMA_VERSION = 1
+TRAJECTORY_SCHEMA_VERSION = 2
+# Versions ``from_json`` reads; fields added since version 1 take their defaults.
+READABLE_SCHEMA_VERSIONS = (1, 2)
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -69,6 +71,14 @@ class Trajectory:
     policy_version: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    # Added in schema version 2 (the rollout engine fills them).
+    # Rollouts of the same seed (and reset options) form one GRPO group: same ``group_id``, ``group_index`` 0..G-1.
+    group_id: str = ""
+    group_index: int = 0
+    # Temperature the log-probs were computed at (log_softmax(logits / temperature)).
+    temperature: float = 1.0
+    # "terminated", "truncated", "context_limit" or "error" (then ``error`` says what went wrong).
+    end_reason: str = ""
 
     @property
     def total_reward(self) -> float:
@@ -88,8 +98,10 @@ class Trajectory:
     def from_json(cls, line: str) -> Trajectory:
         record = json.loads(line)
         version = record.pop("schema_version", None)
-        if version != TRAJECTORY_SCHEMA_VERSION:
-            raise ValueError(f"unsupported trajectory schema version {version!r}; expected {TRAJECTORY_SCHEMA_VERSION}")
+        if version not in READABLE_SCHEMA_VERSIONS:
+            raise ValueError(
+                f"unsupported trajectory schema version {version!r}; this rl-llm reads {READABLE_SCHEMA_VERSIONS}"
+            )
         record.pop("total_reward", None)
         record["messages"] = [Message(**m) for m in record["messages"]]
         record["turns"] = [Turn(**t) for t in record["turns"]]

@@ -49,6 +49,23 @@ def test_bad_command_lines_fail_with_a_specific_message(args: tuple[str, ...], m
     assert "Traceback" not in result.stderr
 
 
+def test_eval_on_a_game_runs_a_round_robin_with_exploitability(tmp_path: Path) -> None:
+    out = tmp_path / "ipd.jsonl"
+    result = rl_llm("eval", "prisoners_dilemma", "--agents", "tit_for_tat,always_defect", "--episodes", "2",
+                    "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "exploit" in result.stdout and "tit_for_tat" in result.stdout
+    matches = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {m["game"] for m in matches} == {"prisoners_dilemma_v0"}
+    head_to_head = [m for m in matches if m["kind"] == "match" and m["agents"] == ["always_defect", "tit_for_tat"]]
+    assert head_to_head and all(m["returns"][0] > m["returns"][1] for m in head_to_head)
+
+
+def test_list_shows_the_two_player_games() -> None:
+    result = rl_llm("list")
+    assert "prisoners_dilemma_v0" in result.stdout and "tit_for_tat" in result.stdout
+
+
 def test_play_lets_a_person_finish_a_game_typing_bare_cells() -> None:
     # As X against a perfect opponent the game ends within 5 moves whatever we type; bare cells get wrapped.
     moves = "\n".join(["A1", "A2", "A3", "B1", "B2", "B3", "C1", "C2", "C3"] * 2)

@@ -1,4 +1,8 @@
-"""Classical baselines, by environment. ``make_baseline(name, env_id, seed)`` builds one."""
+"""Classical baselines, by environment. ``make_baseline(name, env_id, seed)`` builds one.
+
+Keys are Gymnasium ids for the single-agent environments and module names (``prisoners_dilemma_v0``) for
+the PettingZoo social games.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,9 @@ from rl_llm.agents.baselines.bandits import (
     ThompsonSampling,
 )
 from rl_llm.agents.baselines.search import SearchOracle, ToolCallsJsonOracle, ToolCallsOracle
+from rl_llm.agents.baselines.social import SOCIAL_BASELINES
 from rl_llm.agents.baselines.sql import OracleSQL, SchemaProbeSQL
+from rl_llm.agents.baselines.terminal import DoNothing, RandomCommands, TerminalOracle
 from rl_llm.agents.baselines.tictactoe import Minimax, RandomMove
 from rl_llm.agents.policy import Policy
 
@@ -30,6 +36,8 @@ BASELINES: dict[str, dict[str, Callable[..., Policy]]] = {
     "rl-llm/TextToSQL-v0": {"oracle": OracleSQL, "schema-probe": SchemaProbeSQL},
     "rl-llm/Search-v0": {"oracle": SearchOracle},
     "rl-llm/ToolCalls-v0": {"oracle": ToolCallsOracle, "oracle_json": ToolCallsJsonOracle},
+    "rl-llm/Terminal-v0": {"oracle": TerminalOracle, "do_nothing": DoNothing, "random": RandomCommands},
+    **SOCIAL_BASELINES,
 }
 
 

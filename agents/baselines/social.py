@@ -4,7 +4,7 @@ Like an LLM, they read the observation text of their conversation and answer wit
 (``<A>``, ``<message>...</message>``, ``<propose>...</propose>``, ``<move>...</move>``), so every move goes
 through the game's real parser. They answer ``""`` when the last prompt asks nothing of them.
 
-``SOCIAL_BASELINES[game][name](seed=...)`` builds one (the single-agent ``BASELINES`` registry is separate).
+``SOCIAL_BASELINES[game][name](seed=...)`` builds one; ``rl_llm.agents.baselines.BASELINES`` includes them.
 """
 
 from __future__ import annotations
@@ -335,13 +335,4 @@ SOCIAL_BASELINES: dict[str, dict[str, Callable[..., Policy]]] = {
 }
 
 
-def make_social_baseline(game: str, name: str, seed: int | None = None) -> Policy:
-    available = SOCIAL_BASELINES.get(game)
-    if not available:
-        raise ValueError(f"no baselines are defined for the social game {game!r}")
-    if name not in available:
-        raise ValueError(f"unknown baseline {name!r} for {game}; choose from {sorted(available)}")
-    return available[name](seed=seed)
-
-
-__all__ = ["SOCIAL_BASELINES", "make_social_baseline"]
+__all__ = ["SOCIAL_BASELINES"]

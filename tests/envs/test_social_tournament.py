@@ -8,7 +8,8 @@ import math
 import pytest
 from rich.console import Console
 
-from rl_llm.agents.baselines.social import SOCIAL_BASELINES, TitForTat, make_social_baseline
+from rl_llm.agents.baselines import make_baseline
+from rl_llm.agents.baselines.social import SOCIAL_BASELINES, TitForTat
 from rl_llm.agents.policy import TextPolicy
 from rl_llm.agents.tournament import play_matches, print_tournament, run_tournament, write_jsonl
 from rl_llm.envs.social.prisoners_dilemma_v0 import PAYOFFS
@@ -163,4 +164,4 @@ def test_unknown_names_get_clear_errors() -> None:
     with pytest.raises(ValueError, match="unknown baseline"):
         run_tournament("prisoners_dilemma_v0", ["always_maybe"])
     with pytest.raises(ValueError, match="no baselines"):
-        make_social_baseline("nothing_v0", "random")
+        make_baseline("random", "nothing_v0")

@@ -1,0 +1,108 @@
+"""JSON POSTs to OpenAI-compatible servers with timeouts, retries and errors that say what went wrong.
+
+Retried: timeouts, connection failures, HTTP 408/409/429 and 5xx, and malformed bodies (not JSON, or JSON
+without the fields the caller needs). Not retried: other 4xx (a bad request stays bad). After the last
+attempt a ``BackendError`` names the URL, the attempts and the last failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import httpx
+
+T = TypeVar("T")
+RETRYABLE_STATUS = frozenset({408, 409, 429})
+MAX_RETRY_AFTER_S = 30.0
+
+
+class BackendError(RuntimeError):
+    """A generation request failed for good (after retries, or on a non-retryable error)."""
+
+
+class MalformedResponse(ValueError):
+    """The server answered, but not with what the API promises."""
+
+
+class RetryingJSONClient:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_concurrency: int = 64,
+    ) -> None:
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self.base_url = base_url.rstrip("/")
+        self.headers = dict(headers or {})
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_concurrency = max_concurrency
+        # httpx clients and semaphores belong to the event loop they are used on.
+        self._clients: dict[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, asyncio.Semaphore]] = {}
+
+    def _client(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        loop = asyncio.get_running_loop()
+        if loop not in self._clients:
+            client = httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=self.timeout_s)
+            self._clients[loop] = (client, asyncio.Semaphore(self.max_concurrency))
+        return self._clients[loop]
+
+    async def post(self, path: str, body: dict[str, Any], parse: Callable[[Any], T]) -> T:
+        """POST ``body`` and return ``parse(json)``; ``parse`` raises ``MalformedResponse`` on a bad body."""
+        client, limit = self._client()
+        url = f"{self.base_url}{path}"
+        failure = ""
+        for attempt in range(self.max_retries + 1):
+            delay = 0.0
+            async with limit:
+                try:
+                    response = await client.post(path, json=body)
+                except httpx.TimeoutException:
+                    failure = f"no response within {self.timeout_s:g}s (timeout)"
+                except httpx.TransportError as error:
+                    failure = f"connection failed ({type(error).__name__}: {error})"
+                else:
+                    status = response.status_code
+                    if status >= 400:
+                        failure = f"HTTP {status}: {_snippet(response.text)}"
+                        if status not in RETRYABLE_STATUS and status < 500:
+                            raise BackendError(f"POST {url} failed: {failure}")
+                        delay = _retry_after(response)
+                    else:
+                        try:
+                            return parse(response.json())
+                        except (ValueError, KeyError, TypeError, IndexError) as error:
+                            failure = f"malformed response ({error}); body: {_snippet(response.text)}"
+            if attempt < self.max_retries:
+                await asyncio.sleep(max(delay, self.backoff_s * 2**attempt))
+        raise BackendError(f"POST {url} failed after {self.max_retries + 1} attempt(s): {failure}")
+
+    async def aclose(self) -> None:
+        clients, self._clients = self._clients, {}
+        for client, _ in clients.values():
+            await client.aclose()
+
+
+def _snippet(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        return min(float(response.headers.get("retry-after", 0)), MAX_RETRY_AFTER_S)
+    except ValueError:
+        return 0.0
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise MalformedResponse(message)

@@ -1,0 +1,173 @@
+"""What every LLM backend shares: sampling settings, generation requests and the ``LLMPolicy`` base.
+
+Interface (stable; the rollout engine and the trainer build on it):
+
+- ``SamplingParams(max_new_tokens, temperature, top_p, top_k)``: the policy's sampling settings.
+- ``GenerationRequest(messages, prompt_ids=None, stop=(), max_new_tokens=None)``: one conversation to
+  continue. Token backends continue ``prompt_ids`` exactly when given (token-in, token-out) and otherwise
+  render ``messages`` with the chat template; chat backends (``openai``) use ``messages``.
+- ``LLMPolicy.generate(requests) -> list[Completion]`` (a synchronous batch) and
+  ``await LLMPolicy.agenerate(request) -> Completion`` (one request; backends with their own continuous
+  batching set ``concurrent = True`` and the rollout engine then sends each request as soon as it exists).
+- ``Completion.token_ids`` are the generated tokens (the stop string and an eos token included when
+  generated) and ``Completion.logprobs`` their log-probabilities under the sampling distribution at the
+  policy's temperature before top-p/top-k: ``log_softmax(logits / temperature)[token]`` (temperature 0,
+  greedy, uses temperature 1). ``Completion.text`` is exactly ``tokenizer.decode(token_ids,
+  skip_special_tokens=True)``: generation stops at the first stop string, which stays in the text (a
+  final token that runs past the stop string is kept whole, so text and tokens always agree).
+- Weights: ``policy_version`` counts updates; ``load_weights(named_tensors)`` copies new weights into the
+  generator and bumps it; ``sleep()``/``wake_up()`` free and restore generator memory between rollouts
+  (vLLM colocated with a trainer; no-ops elsewhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+from rl_llm.agents.aio import run_sync
+from rl_llm.agents.policy import Completion, Policy
+from rl_llm.types import Message
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k filtering
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature log-probs are computed at (greedy decoding reports plain log-probs)."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+
+@dataclass
+class GenerationRequest:
+    messages: list[Message]
+    prompt_ids: list[int] | None = None
+    stop: tuple[str, ...] = ()
+    max_new_tokens: int | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class LLMPolicy(Policy):
+    """Base class of the LLM backends. Subclasses implement ``generate`` (and ``agenerate`` if concurrent)."""
+
+    name = "llm"
+    #: The Hugging Face tokenizer of token-level backends; None for chat-only backends.
+    tokenizer: Any = None
+    #: True when the backend batches concurrent requests itself (vLLM engines/servers, HTTP APIs).
+    concurrent = False
+
+    def __init__(self, sampling: SamplingParams | None = None, stop: Sequence[str] = ()) -> None:
+        self.sampling = sampling or SamplingParams()
+        self.stop = tuple(stop)
+        self.policy_version = 0
+        self._chat_format = None
+
+    # -- generation ---------------------------------------------------------------------------------------
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """A batch. Concurrent backends get this for free: every request goes through ``agenerate`` at once."""
+        if not self.concurrent:
+            raise NotImplementedError(f"{type(self).__name__} must implement generate")
+
+        async def all_of() -> list[Completion]:
+            return list(await asyncio.gather(*(self.agenerate(request) for request in requests)))
+
+        return run_sync(all_of())
+
+    async def agenerate(self, request: GenerationRequest) -> Completion:
+        """One request; the default runs ``generate`` in a worker thread."""
+        completions = await asyncio.get_running_loop().run_in_executor(None, self.generate, [request])
+        return completions[0]
+
+    @property
+    def chat_format(self):  # -> ChatFormat
+        """Incremental chat-template tokenisation for this policy's tokenizer (token backends only)."""
+        if self.tokenizer is None:
+            raise TypeError(f"{type(self).__name__} has no tokenizer: it works on chat messages only")
+        if self._chat_format is None:
+            from rl_llm.agents.chat import ChatFormat
+
+            self._chat_format = ChatFormat(self.tokenizer)
+        return self._chat_format
+
+    def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        if request.prompt_ids is not None:
+            return request.prompt_ids
+        return self.chat_format.prompt_ids(request.messages)
+
+    def generation_thread(self) -> ThreadPoolExecutor:
+        """The one thread batch generation runs on, kept for the policy's lifetime.
+
+        A fresh thread per rollout would also mean fresh per-thread state in the math libraries (OpenMP
+        thread teams, CUDA streams) on every call; one long-lived thread keeps that warm.
+        """
+        if getattr(self, "_generation_thread", None) is None:
+            self._generation_thread = ThreadPoolExecutor(1, thread_name_prefix=f"rl-llm-generate-{self.name}")
+        return self._generation_thread
+
+    def max_new_tokens(self, request: GenerationRequest) -> int:
+        return request.max_new_tokens or self.sampling.max_new_tokens
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature ``Completion.logprobs`` were computed at."""
+        return self.sampling.logprob_temperature
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    # -- the Policy interface -----------------------------------------------------------------------------
+    def start_episode(self, slot: int, env: gym.Env, info: dict[str, Any]) -> None:
+        self.stop = tuple(info.get("stop", self.stop))
+
+    def act(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
+        requests = [GenerationRequest(messages=list(conversation), stop=self.stop) for conversation in conversations]
+        return self.generate(requests)
+
+    def close(self) -> None:
+        executor, self._generation_thread = getattr(self, "_generation_thread", None), None
+        if executor is not None:
+            executor.shutdown(wait=False)
+
+    # -- weights ------------------------------------------------------------------------------------------
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot load weights")
+
+    def mark_updated(self, version: int | None = None) -> None:
+        """Record that the generator's weights changed (in place, e.g. a shared module after a step)."""
+        self.policy_version = self.policy_version + 1 if version is None else version
+
+    def sleep(self) -> None:
+        """Free generator memory while the trainer runs (vLLM sleep mode); a no-op elsewhere."""
+
+    def wake_up(self) -> None:
+        """Undo ``sleep``."""
+
+
+def first_stop(text: str, stops: Sequence[str]) -> int:
+    """End index of the earliest stop string in ``text`` (-1 if none)."""
+    best = -1
+    for stop in stops:
+        index = text.find(stop)
+        if index >= 0 and (best < 0 or index + len(stop) < best):
+            best = index + len(stop)
+    return best

@@ -1,0 +1,353 @@
+"""The rollout engine: N environments played concurrently by one LLM policy, recorded token-in, token-out.
+
+Entry point (stable; the trainer calls it)::
+
+    trajectories = collect(
+        "rl-llm/TicTacToe-v0",          # an env id or a zero-argument factory returning a gym.Env
+        policy,                          # an LLMPolicy (hf, vllm, openai)
+        seeds=[0, 1, 2, 3],
+        group_size=8,                    # G rollouts per seed: same task, same group_id (GRPO groups)
+        env_kwargs={"opponent": "minimax"},
+        max_new_tokens=128,              # per turn; default policy.sampling.max_new_tokens
+        concurrency=32,                  # episodes in flight (one env instance each)
+    )                                    # -> len(seeds) * group_size Trajectory records, seed-major order
+
+Each episode is its own coroutine: it advances as soon as its own completion returns, and env resets and
+steps run on a thread pool, off the generation path. Backends with their own continuous batching (vLLM's
+async engine or server, HTTP APIs) get each request the moment it exists; batch backends (``hf``, offline
+vLLM) go through ``BatchScheduler``, which sends whatever is waiting whenever the generator is free.
+
+Token-in, token-out (token backends): the chat template renders the first prompt once (PROMPT tokens);
+then each turn appends the policy's tokens exactly as generated (POLICY tokens, with the generator's
+log-probs) and the template delta that closes the turn and adds the observation as a user message (ENV
+tokens). Nothing is re-tokenised, so ``trajectory.token_ids`` is exactly what the generator conditioned
+on and produced; ``turn.token_start:turn.token_end`` are the policy tokens of each turn, and
+``policy.decode(those tokens) == turn.action``, the text the env received. Chat-only backends (``openai``)
+give trajectories with messages and turns but no tokens.
+
+A failed generation or env call ends that episode with ``end_reason="error"`` and the reason in
+``trajectory.error``; every other episode goes on and every requested trajectory is returned.
+``write_trajectories`` / ``read_trajectories`` store them as JSONL (one record per line, with
+``schema_version``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from rl_llm.agents.aio import run_sync
+from rl_llm.agents.batching import BatchScheduler, BatchStats
+from rl_llm.agents.llm import GenerationRequest, LLMPolicy
+from rl_llm.agents.policy import Completion
+from rl_llm.types import Message, TokenRole, Trajectory, Turn
+
+EnvFactory = Callable[[], gym.Env]
+
+
+@dataclass(frozen=True)
+class EpisodeJob:
+    index: int
+    seed: int | None
+    group_index: int = 0
+    options: dict[str, Any] | None = None
+
+
+@dataclass
+class RolloutStats:
+    wall_seconds: float = 0.0
+    env_seconds: float = 0.0
+    episodes: int = 0
+    policy_tokens: int = 0
+    batches: BatchStats = field(default_factory=BatchStats)
+
+    @property
+    def policy_tokens_per_second(self) -> float:
+        return self.policy_tokens / self.wall_seconds if self.wall_seconds else 0.0
+
+
+def collect(
+    env: str | EnvFactory,
+    policy: LLMPolicy,
+    seeds: Sequence[int | None],
+    group_size: int = 1,
+    *,
+    env_kwargs: dict[str, Any] | None = None,
+    reset_options: dict[str, Any] | None = None,
+    max_new_tokens: int | None = None,
+    concurrency: int = 32,
+    on_trajectory: Callable[[Trajectory], None] | None = None,
+    **engine_options: Any,
+) -> list[Trajectory]:
+    """Play ``group_size`` episodes per seed and return their trajectories (seed-major, then group index).
+
+    ``engine_options`` go to ``RolloutEngine`` (``env_workers``, ``max_batch_size``, ``gather_timeout_s``,
+    ``max_context_tokens``). ``on_trajectory`` is called (on the engine's event-loop thread) as each
+    episode ends.
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be at least 1, got {group_size}")
+    engine = RolloutEngine(
+        policy, env, env_kwargs=env_kwargs, max_new_tokens=max_new_tokens, concurrency=concurrency, **engine_options
+    )
+    jobs = [
+        EpisodeJob(index=i * group_size + g, seed=seed, group_index=g, options=reset_options)
+        for i, seed in enumerate(seeds)
+        for g in range(group_size)
+    ]
+    return engine.run(jobs, on_trajectory)
+
+
+class RolloutEngine:
+    def __init__(
+        self,
+        policy: LLMPolicy,
+        env: str | EnvFactory,
+        *,
+        env_kwargs: dict[str, Any] | None = None,
+        max_new_tokens: int | None = None,
+        concurrency: int = 32,
+        env_workers: int | None = None,
+        max_batch_size: int | None = None,
+        gather_timeout_s: float | None = None,
+        max_context_tokens: int | None = None,
+    ) -> None:
+        if not isinstance(policy, LLMPolicy):
+            raise TypeError(f"the rollout engine needs an LLM policy, got {type(policy).__name__}; "
+                            "baselines run through rl_llm.agents.evaluate.run_episodes")  # fmt: skip
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        self.policy = policy
+        if isinstance(env, str):
+            import rl_llm  # noqa: F401  (registers the environments)
+
+            self.env_id = env
+            self.make_env: EnvFactory = functools.partial(gym.make, env, **(env_kwargs or {}))
+        else:
+            if env_kwargs:
+                raise ValueError("env_kwargs apply to an env id; bind them into the factory instead")
+            self.env_id, self.make_env = "", env
+        self.max_new_tokens = max_new_tokens or policy.sampling.max_new_tokens
+        self.concurrency = concurrency
+        self.env_workers = env_workers or min(concurrency, 32)
+        self.max_batch_size = max_batch_size or getattr(policy, "max_batch_size", 64)
+        self.gather_timeout_s = gather_timeout_s
+        self.max_context_tokens = max_context_tokens or _context_limit(policy)
+        self.stats = RolloutStats()
+
+    def run(self, jobs: Sequence[EpisodeJob], on_trajectory: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+        return run_sync(self.arun(jobs, on_trajectory))
+
+    async def arun(
+        self, jobs: Sequence[EpisodeJob], on_trajectory: Callable[[Trajectory], None] | None = None
+    ) -> list[Trajectory]:
+        started = time.perf_counter()
+        self._on_trajectory = on_trajectory
+        self._slots = asyncio.Semaphore(self.concurrency)
+        self._idle_envs: list[gym.Env] = []
+        self._all_envs: list[gym.Env] = []
+        self._live = 0
+        self._env_pool = ThreadPoolExecutor(self.env_workers, thread_name_prefix="rl-llm-env")
+        self._scheduler: BatchScheduler | None = None
+        scheduler_task = None
+        if not self.policy.concurrent:
+            self._scheduler = BatchScheduler(
+                self.policy.generate, lambda: self._live, self.policy.generation_thread(), self.max_batch_size,
+                self.gather_timeout_s,
+            )
+            scheduler_task = asyncio.ensure_future(self._scheduler.run())
+        try:
+            trajectories = await asyncio.gather(*(self._episode(job) for job in jobs))
+        finally:
+            if scheduler_task is not None:
+                scheduler_task.cancel()
+                await asyncio.gather(scheduler_task, return_exceptions=True)
+            await self._close_envs()
+            self._env_pool.shutdown(wait=False)
+        if self._scheduler is not None:
+            self.stats.batches = self._scheduler.stats
+        self.stats.wall_seconds += time.perf_counter() - started
+        self.stats.episodes += len(trajectories)
+        self.stats.policy_tokens += sum(t.num_policy_tokens for t in trajectories)
+        return list(trajectories)
+
+    # -- one episode ------------------------------------------------------------------------------------
+    async def _episode(self, job: EpisodeJob) -> Trajectory:
+        async with self._slots:
+            env = self._idle_envs.pop() if self._idle_envs else await self._new_env()
+            self._live += 1
+            healthy = False
+            try:
+                trajectory, healthy = await self._play(env, job)
+            finally:
+                self._live -= 1
+                if self._scheduler is not None:
+                    self._scheduler.notify()
+                if healthy:
+                    self._idle_envs.append(env)
+        if self._on_trajectory is not None:
+            self._on_trajectory(trajectory)
+        return trajectory
+
+    async def _play(self, env: gym.Env, job: EpisodeJob) -> tuple[Trajectory, bool]:
+        """Play one episode; the flag says whether the env is fit for reuse (no exception escaped it)."""
+        policy = self.policy
+        record = _Recorder(Trajectory(
+            env_id=self.env_id or _env_id(env), task_id="", seed=job.seed, group_index=job.group_index,
+            policy_version=policy.policy_version, temperature=policy.logprob_temperature,
+        ), tokenized=policy.tokenizer is not None)  # fmt: skip
+        try:
+            observation, info = await self._in_env_thread(env.reset, seed=job.seed, options=job.options)
+        except Exception as error:
+            return record.fail(f"env.reset failed: {type(error).__name__}: {error}"), False
+        record.start(info, observation, job, policy)
+        stop = tuple(info.get("stop", ()))
+        while True:
+            budget = min(self.max_new_tokens, self.max_context_tokens - len(record.trajectory.token_ids))
+            if record.tokenized and budget < 1:
+                return record.end("context_limit"), True
+            request = GenerationRequest(
+                messages=list(record.trajectory.messages),
+                prompt_ids=list(record.trajectory.token_ids) if record.tokenized else None,
+                stop=stop,
+                max_new_tokens=budget,
+            )
+            try:
+                completion = await self._generate(request)
+                record.add_completion(completion, policy.policy_version)
+            except Exception as error:
+                return record.fail(f"generation failed: {type(error).__name__}: {error}"), True
+            try:
+                started = time.perf_counter()
+                observation, reward, terminated, truncated, info = await self._in_env_thread(env.step, completion.text)
+                self.stats.env_seconds += time.perf_counter() - started
+            except Exception as error:
+                return record.fail(f"env.step failed: {type(error).__name__}: {error}"), False
+            record.add_step(completion, observation, reward, info)
+            if terminated or truncated:
+                record.trajectory.terminated, record.trajectory.truncated = bool(terminated), bool(truncated)
+                return record.end("terminated" if terminated else "truncated"), True
+            if not record.add_observation(observation, completion, policy, self.max_context_tokens):
+                return record.end("context_limit"), True
+
+    async def _generate(self, request: GenerationRequest) -> Completion:
+        if self._scheduler is not None:
+            return await self._scheduler.submit(request)
+        return await self.policy.agenerate(request)
+
+    async def _in_env_thread(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        call = functools.partial(function, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._env_pool, call)
+
+    async def _new_env(self) -> gym.Env:
+        env = await self._in_env_thread(self.make_env)
+        self._all_envs.append(env)
+        return env
+
+    async def _close_envs(self) -> None:
+        for env in self._all_envs:
+            with contextlib.suppress(Exception):  # closing is best effort; the results are already recorded
+                await self._in_env_thread(env.close)
+
+
+class _Recorder:
+    """Builds one trajectory: messages, turns, and (token backends) tokens with roles and log-probs."""
+
+    def __init__(self, trajectory: Trajectory, tokenized: bool) -> None:
+        self.trajectory = trajectory
+        self.tokenized = tokenized
+
+    def _add_tokens(self, token_ids: Sequence[int], role: TokenRole, logprobs: Sequence[float] | None = None) -> None:
+        trajectory = self.trajectory
+        trajectory.token_ids += token_ids
+        trajectory.token_roles += [int(role)] * len(token_ids)
+        trajectory.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
+
+    def start(self, info: dict[str, Any], observation: str, job: EpisodeJob, policy: LLMPolicy) -> None:
+        trajectory = self.trajectory
+        trajectory.task_id = str(info.get("task_id", ""))
+        trajectory.group_id = f"{trajectory.task_id}|seed={job.seed}"
+        system = info.get("system_prompt", "")
+        trajectory.messages = ([Message("system", system)] if system else []) + [Message("user", observation)]
+        if self.tokenized:
+            self._add_tokens(policy.chat_format.prompt_ids(trajectory.messages), TokenRole.PROMPT)
+
+    def add_completion(self, completion: Completion, policy_version: int) -> None:
+        self._turn_start = len(self.trajectory.token_ids)
+        if self.tokenized:
+            if completion.token_ids is None or completion.logprobs is None:
+                raise RuntimeError("a token backend returned a completion without token ids or log-probs")
+            self._add_tokens(completion.token_ids, TokenRole.POLICY, completion.logprobs)
+        self.trajectory.messages.append(Message("assistant", completion.text))
+        self._policy_version = policy_version
+
+    def add_step(self, completion: Completion, observation: str, reward: float, info: dict[str, Any]) -> None:
+        metrics = {name: float(value) for name, value in info.get("metrics", {}).items()}
+        self.trajectory.turns.append(Turn(
+            action=completion.text, observation=observation, reward=float(reward),
+            invalid_action=bool(info.get("invalid_action", False)),
+            token_start=self._turn_start, token_end=len(self.trajectory.token_ids),
+            info={
+                "reward_components": {k: float(v) for k, v in info.get("reward_components", {}).items()},
+                "metrics": metrics, "finish_reason": completion.finish_reason, "policy_version": self._policy_version,
+            },
+        ))  # fmt: skip
+        self.trajectory.metrics = metrics
+
+    def add_observation(self, observation: str, completion: Completion, policy: LLMPolicy, limit: int) -> bool:
+        """Append the observation; False (and nothing appended) when it would leave no room to generate."""
+        if self.tokenized:
+            token_ids = policy.chat_format.observation_ids(observation, completion.token_ids or [])
+            if len(self.trajectory.token_ids) + len(token_ids) >= limit:
+                return False
+            self._add_tokens(token_ids, TokenRole.ENV)
+        self.trajectory.messages.append(Message("user", observation))
+        return True
+
+    def end(self, reason: str) -> Trajectory:
+        self.trajectory.end_reason = reason
+        if reason == "context_limit":
+            self.trajectory.truncated = True
+        return self.trajectory
+
+    def fail(self, error: str) -> Trajectory:
+        self.trajectory.error = error
+        self.trajectory.truncated = True
+        return self.end("error")
+
+
+def _env_id(env: gym.Env) -> str:
+    spec = getattr(env, "spec", None)
+    return spec.id if spec is not None else type(env.unwrapped).__name__
+
+
+def _context_limit(policy: LLMPolicy) -> int:
+    for owner in (getattr(getattr(policy, "model", None), "config", None), policy):
+        limit = getattr(owner, "max_position_embeddings", None) or getattr(owner, "max_context_tokens", None)
+        if limit:
+            return int(limit)
+    return 1 << 30
+
+
+def write_trajectories(trajectories: Iterable[Trajectory], path: str | Path) -> Path:
+    """Write trajectories as JSONL (each line carries ``schema_version``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as handle:
+        for trajectory in trajectories:
+            handle.write(trajectory.to_json() + "\n")
+    return path
+
+
+def read_trajectories(path: str | Path) -> list[Trajectory]:
+    with Path(path).open(encoding="utf-8") as handle:
+        return [Trajectory.from_json(line) for line in handle if line.strip()]

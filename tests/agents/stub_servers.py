@@ -1,0 +1,119 @@
+"""Real HTTP servers on 127.0.0.1 for the backend tests (standard library ``http.server`` in a thread).
+
+``ChatStub`` answers OpenAI chat completions like a hosted model would: it plays tic-tac-toe by taking the
+first legal move from the last user message, leaves the stop string out of its text (as the API does), and
+can be scripted to misbehave first: ``"timeout"`` (answer late), ``"500"``, ``"400"``, ``"not-json"``,
+``"no-choices"``.
+
+``CompletionsStub`` serves vLLM's ``/v1/completions`` for token prompts with ``return_tokens_as_token_ids``,
+generating with a real ``HFPolicy``, so the vLLM server client can be tested without vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from rl_llm.agents.llm import GenerationRequest
+
+
+class _Server:
+    def __init__(self) -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with outer.lock:
+                    outer.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                status, payload, delay = outer.respond(self.path, body)
+                time.sleep(delay)
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up waiting (a timeout test)
+                    pass
+
+            def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
+                pass
+
+        self.lock = threading.Lock()
+        self.requests: list[dict[str, Any]] = []
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def respond(self, path: str, body: dict[str, Any]) -> tuple[int, Any, float]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class ChatStub(_Server):
+    def __init__(self, failures: list[str] | None = None, slow_s: float = 1.0) -> None:
+        self.failures: deque[str] = deque(failures or [])
+        self.slow_s = slow_s
+        super().__init__()
+
+    def respond(self, path: str, body: dict[str, Any]) -> tuple[int, Any, float]:
+        with self.lock:
+            failure = self.failures.popleft() if self.failures else None
+        if failure == "timeout":
+            return 200, self._reply(body), self.slow_s
+        if failure in ("500", "400"):
+            return int(failure), {"error": {"message": f"scripted {failure}"}}, 0.0
+        if failure == "not-json":
+            return 200, b"<html>502 Bad Gateway</html>", 0.0
+        if failure == "no-choices":
+            return 200, {"id": "x", "object": "chat.completion"}, 0.0
+        return 200, self._reply(body), 0.0
+
+    @staticmethod
+    def _reply(body: dict[str, Any]) -> dict[str, Any]:
+        last = body["messages"][-1]["content"]
+        legal = next((line for line in last.splitlines() if line.startswith("Legal moves:")), "Legal moves: B2")
+        move = legal.split(":", 1)[1].split(",")[0].strip()
+        text = f"I take {move}. <move>{move}"  # the API drops the matched stop string "</move>"
+        return {
+            "id": "chatcmpl-stub",
+            "object": "chat.completion",
+            "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        }
+
+
+class CompletionsStub(_Server):
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+        self.generate_lock = threading.Lock()
+        super().__init__()
+
+    def respond(self, path: str, body: dict[str, Any]) -> tuple[int, Any, float]:
+        if path != "/v1/completions" or not body.get("return_tokens_as_token_ids"):
+            return 400, {"error": "this stub serves token prompts on /v1/completions only"}, 0.0
+        request = GenerationRequest(messages=[], prompt_ids=list(body["prompt"]), stop=tuple(body.get("stop") or ()),
+                                    max_new_tokens=body["max_tokens"])  # fmt: skip
+        with self.generate_lock:
+            (completion,) = self.policy.generate([request])
+        choice = {
+            "index": 0,
+            "text": completion.text,
+            "finish_reason": completion.finish_reason,
+            "logprobs": {
+                "tokens": [f"token_id:{token}" for token in completion.token_ids],
+                "token_logprobs": completion.logprobs,
+            },
+        }
+        return 200, {"id": "cmpl-stub", "object": "text_completion", "choices": [choice]}, 0.0

@@ -1,0 +1,73 @@
+"""The locally built tiny model: loads in transformers, vLLM-compatible config, lossless tokenizer, reused cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from rl_llm.agents.tiny import MARKER_FILE, default_tiny_model_path, tiny_model
+from tests.conftest import hostile_text
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def test_loads_in_transformers_as_a_small_qwen2_chat_model(tiny_model_dir: Path, tokenizer) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    assert config.architectures == ["Qwen2ForCausalLM"] and config.model_type == "qwen2"
+    assert config.hidden_size // config.num_attention_heads >= 32, "vLLM's attention kernels need head_dim >= 32"
+    assert 1_000 <= config.vocab_size <= 4_096 and config.vocab_size == len(tokenizer)
+    assert sum(p.numel() for p in model.parameters()) < 2_000_000
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
+    assert config.eos_token_id == tokenizer.eos_token_id
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}], tokenize=False, add_generation_prompt=True
+    )
+    assert rendered == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n"
+    assert len(tokenizer.encode("<|im_start|>user\n", add_special_tokens=False)) == 3  # the markers are single tokens
+
+
+def test_tokenizer_was_trained_on_environment_text(tokenizer) -> None:
+    # Words the env prompts use often are whole tokens; unseen text still encodes byte by byte.
+    for word in ("Ġmove", "Ġarm", "Ġreward"):
+        assert word in tokenizer.get_vocab(), word
+
+
+@given(text=st.one_of(st.text(max_size=300), hostile_text()))
+def test_decoding_gives_back_exactly_the_text(tokenizer, text: str) -> None:
+    if any(special in text for special in ("<|im_start|>", "<|im_end|>", "<|endoftext|>")):
+        return
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+
+
+def test_building_again_reuses_the_directory(tiny_model_dir: Path) -> None:
+    stamps = {path.name: path.stat().st_mtime_ns for path in tiny_model_dir.iterdir()}
+    assert tiny_model(tiny_model_dir) == tiny_model_dir
+    assert {path.name: path.stat().st_mtime_ns for path in tiny_model_dir.iterdir()} == stamps
+
+
+def test_other_settings_build_a_llama_and_a_foreign_directory_is_refused(tmp_path: Path) -> None:
+    path = tiny_model(tmp_path / "llama", architecture="llama", hidden_size=64, num_heads=2, num_kv_heads=1)
+    assert AutoConfig.from_pretrained(path).architectures == ["LlamaForCausalLM"]
+    assert AutoModelForCausalLM.from_pretrained(path).config.hidden_size == 64
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not a tiny rl-llm model"):
+        tiny_model(tmp_path / "mine")
+    with pytest.raises(ValueError, match="architecture"):
+        tiny_model(tmp_path / "x", architecture="gpt2")
+    assert (path / MARKER_FILE).exists()
+
+
+def test_default_path_is_in_the_rl_llm_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RL_LLM_CACHE", str(tmp_path))
+    assert default_tiny_model_path() == tmp_path / "tiny-qwen2"
+    monkeypatch.delenv("RL_LLM_CACHE")
+    assert default_tiny_model_path() == Path.home() / ".cache" / "rl-llm" / "tiny-qwen2"
