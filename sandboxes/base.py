@@ -1,0 +1,345 @@
+"""The sandbox contract: limits, results, errors and the `Sandbox` base class every backend implements."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+import resource
+import shlex
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from rl_llm.sandboxes.shell import ShellProcess, ShellSession
+    from rl_llm.sandboxes.workspace import Workspace
+
+Command = str | Sequence[str]
+Stdin = str | bytes | None
+
+# Exit code reported when a command was killed at its wall-clock limit (GNU `timeout` uses it too).
+TIMEOUT_EXIT_CODE = 124
+# Largest `python3 -c` argument; longer snippets go through a file (Linux caps one argv string at 128 KiB).
+_MAX_ARGV_CODE = 100_000
+
+
+class SandboxError(RuntimeError):
+    """A sandbox could not do what was asked (it is closed, a shell failed to start, ...)."""
+
+
+class SandboxUnavailable(SandboxError):
+    """The requested backend cannot run on this machine; the message says why and what to install."""
+
+
+class SandboxPathError(SandboxError, ValueError):
+    """A workspace path is absolute, climbs out with `..`, or passes through a symlink."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits applied to everything run in a sandbox.
+
+    wall_timeout: default seconds per command before it is killed (`run(timeout=...)` overrides it).
+    cpu_time: CPU seconds per process (RLIMIT_CPU). memory_mb: address space per process (RLIMIT_AS).
+    max_processes: processes and threads of the sandbox user (RLIMIT_NPROC, bound by giving every sandbox its
+    own unprivileged uid). max_output_bytes: bytes kept per stream per command; the rest is drained, counted
+    and dropped.
+    max_file_size_mb: largest file a process may write (RLIMIT_FSIZE). max_open_files: RLIMIT_NOFILE.
+    network: False gives an empty network namespace (loopback only). tmp_size_mb: size of the private /tmp.
+    """
+
+    wall_timeout: float = 30.0
+    cpu_time: int = 60
+    memory_mb: int = 1024
+    max_processes: int = 64
+    max_output_bytes: int = 1_000_000
+    max_file_size_mb: int = 64
+    max_open_files: int = 256
+    network: bool = False
+    tmp_size_mb: int = 64
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "network":
+                if not isinstance(value, bool):
+                    raise TypeError(f"SandboxLimits.network must be a bool, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"SandboxLimits.{field.name} must be a positive number, got {value!r}")
+        if self.max_processes < 8:
+            raise ValueError("SandboxLimits.max_processes must be at least 8 (the shell itself needs a few)")
+        if self.max_open_files < 16:
+            raise ValueError("SandboxLimits.max_open_files must be at least 16")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(field.name for field in dataclasses.fields(cls))
+
+    @classmethod
+    def from_kwargs(cls, base: SandboxLimits | None = None, **overrides: object) -> SandboxLimits:
+        unknown = sorted(set(overrides) - set(cls.names()))
+        if unknown:
+            raise TypeError(f"unknown sandbox limit(s) {unknown}; valid limits are {list(cls.names())}")
+        return dataclasses.replace(base or cls(), **overrides)  # type: ignore[arg-type]
+
+    def ulimit_command(self) -> str:
+        """A bash `ulimit` line setting soft and hard limits (so the sandbox cannot raise them again)."""
+        def whole(value: float, rlimit: int | None = None) -> int:
+            value = math.ceil(value)  # a fractional limit rounds up, never down to 0 (= no time at all)
+            hard = resource.getrlimit(rlimit)[1] if rlimit is not None else resource.RLIM_INFINITY
+            return value if hard == resource.RLIM_INFINITY else min(value, hard)  # cannot raise a hard limit
+
+        return (f"ulimit -HS -t {whole(self.cpu_time)} -v {whole(self.memory_mb * 1024)}"
+                f" -u {whole(self.max_processes, resource.RLIMIT_NPROC)}"
+                f" -f {whole(self.max_file_size_mb * 1024)}"
+                f" -n {whole(self.max_open_files, resource.RLIMIT_NOFILE)} -c 0")
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What one command did. `exit_code` is 124 when `timed_out`; `truncated` when a stream passed the cap."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    timed_out: bool
+    duration_s: float
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def output(self) -> str:
+        """stdout followed by stderr, for observations that show both."""
+        if self.stdout and self.stderr and not self.stdout.endswith("\n"):
+            return f"{self.stdout}\n{self.stderr}"
+        return self.stdout + self.stderr
+
+
+def as_bytes(data: str | bytes, what: str) -> bytes:
+    if isinstance(data, str):
+        return data.encode()
+    if isinstance(data, bytes | bytearray | memoryview):
+        return bytes(data)
+    raise TypeError(f"{what} must be str or bytes, got {type(data).__name__}")
+
+
+def command_text(cmd: Command) -> str:
+    """A shell command line from a string, or from an argv list (each word quoted, nothing expanded)."""
+    if isinstance(cmd, str):
+        text = cmd
+    elif isinstance(cmd, Sequence) and cmd and all(isinstance(word, str) for word in cmd):
+        text = shlex.join(cmd)
+    else:
+        raise TypeError(f"command must be a str or a non-empty list of str, got {cmd!r}")
+    if "\0" in text:
+        raise ValueError("command contains a NUL byte, which no shell can pass on")
+    return text
+
+
+def python_argv(script: str) -> list[str]:
+    """`python3 -c` running the file `script` as if its text were given with -c (cwd first on sys.path)."""
+    loader = "import sys; p = sys.argv.pop(); exec(compile(open(p).read(), '<string>', 'exec'))"
+    return ["python3", "-c", loader, script]
+
+
+class Sandbox(abc.ABC):
+    """An isolated place to run model-written commands, with a private writable workspace.
+
+    `run()` executes one command and returns an `ExecResult`; nothing it starts outlives it (bwrap; with
+    docker and local, a process that leaves the command's process group lives until `reset()`).
+    `session()` opens a persistent shell whose cwd and variables carry over between commands.
+    `reset()` kills every process and wipes the workspace; `close()` also frees the workspace and the uid.
+    Paths given to `write_file`/`read_file` are relative to the workspace; leaving it is refused.
+    """
+
+    backend: ClassVar[str]
+    inner_workdir: str  # where the workspace appears to commands (also their cwd and $HOME)
+
+    def __init__(self, limits: SandboxLimits, workspace: Workspace, keep_warm: bool = False) -> None:
+        self.limits = limits
+        self._workspace = workspace
+        self.keep_warm = keep_warm
+        self._closed = False
+        # Everything cleanup needs lives here, not on self, so the finalizer does not keep the sandbox alive.
+        self._res = _Resources(workspace)
+        self._finalizer = weakref.finalize(self, self._res.cleanup)
+
+    # -- the surface every environment uses ---------------------------------------------------------------
+    @property
+    def workdir(self) -> Path:
+        """Host path of the writable workspace."""
+        return self._workspace.path
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def run(self, cmd: Command, timeout: float | None = None, stdin: Stdin = None,
+            env: Mapping[str, str] | None = None) -> ExecResult:
+        """Run `cmd` (a bash command line, or an argv list run without a shell) in a fresh process tree."""
+        self._check_open()
+        command_text(cmd)  # validates the type and refuses NUL bytes
+        return self._run(cmd, self._timeout(timeout), None if stdin is None else as_bytes(stdin, "stdin"),
+                         dict(env or {}))
+
+    def run_python(self, code: str, timeout: float | None = None, stdin: Stdin = None) -> ExecResult:
+        """Run a Python snippet with the sandbox's `python3` in the workspace; big snippets go via a file."""
+        if not isinstance(code, str):
+            raise TypeError(f"code must be str, got {type(code).__name__}")
+        if len(code.encode()) <= _MAX_ARGV_CODE:
+            return self.run(["python3", "-c", code], timeout=timeout, stdin=stdin)
+        host, inner = self.put_io_file("snippet", code.encode())
+        try:
+            return self.run(python_argv(inner), timeout=timeout, stdin=stdin)
+        finally:
+            host.unlink(missing_ok=True)
+
+    def session(self) -> ShellSession:
+        """A persistent bash in this sandbox (see `ShellSession`). Sessions end at `reset()` and `close()`."""
+        from rl_llm.sandboxes.shell import ShellSession
+
+        self._check_open()
+        session = ShellSession(self, self._res.take_spare())
+        self._res.sessions.add(session)
+        return session
+
+    def write_file(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
+        self._check_open()
+        self._workspace.write_file(path, as_bytes(data, "data"), mode)
+
+    def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        self._check_open()
+        return self._workspace.read_file(path, max_bytes)
+
+    def reset(self) -> None:
+        """Kill every process of this sandbox, end its sessions and wipe the workspace."""
+        self._check_open()
+        self._res.end_sessions("the sandbox was reset", keep_spare=True)  # an unused spare is still pristine
+        if self._kill_all():
+            self._res.drop_spare()
+        self._workspace.wipe()
+        if self.keep_warm and self._res.spare is None:
+            self._start_warm()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"workdir={str(self.workdir)!r}"
+        return f"<{type(self).__name__} {state}>"
+
+    # -- what a backend provides --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _run(self, cmd: Command, timeout: float, stdin: bytes | None, env: dict[str, str]) -> ExecResult: ...
+
+    @abc.abstractmethod
+    def spawn_shell(self) -> ShellProcess:
+        """Start a driver shell (`shell.DRIVER_ARGV`) in the sandbox, with its setup already sent."""
+
+    def _kill_all(self) -> bool:
+        """Kill whatever of this sandbox may still run after its sessions ended; True if that included the
+        spare shell. (bwrap overrides this: its PID namespaces already took everything down.)"""
+        self._workspace.kill_processes()
+        return True
+
+    def _inner_io_dir(self) -> str:
+        """Where the private io directory (stdin and snippet files) appears to commands."""
+        return "/run/rl-io"
+
+    # -- shared plumbing ----------------------------------------------------------------------------------
+    def _start_warm(self) -> None:
+        """Start a spare shell in the background so the next `session()` finds it (at creation and reset)."""
+        self._res.set_spare(_WARMER.submit(self.spawn_shell))
+
+    def put_io_file(self, prefix: str, data: bytes) -> tuple[Path, str]:
+        """Hand data (stdin, a script) to commands via the read-only io directory: (host path, inner path)."""
+        host = self._workspace.put_io(prefix, data)
+        return host, f"{self._inner_io_dir()}/{host.name}"
+
+    def _timeout(self, timeout: float | None) -> float:
+        value = self.limits.wall_timeout if timeout is None else timeout
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        return float(value)
+
+    def _shell_argv(self, cmd: Command) -> list[str]:
+        """bash applying the limits, then running `cmd` (a command line, or an argv list without a shell).
+        The EXIT trap stops bash from exec'ing the last command, so bash stays the top process (PID 1 in a
+        bwrap namespace, reaping orphans) and the command keeps normal signal handling."""
+        prefix = f"trap : EXIT; {self.limits.ulimit_command()} || exit 125"
+        if isinstance(cmd, str):
+            return ["/bin/bash", "-c", f"{prefix}; {cmd}"]
+        return ["/bin/bash", "-c", f'{prefix}; "$@"', "rl-sandbox", *cmd]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError(f"{type(self).__name__} is closed")
+
+
+class _Resources:
+    """What a sandbox must give back: sessions, a spare shell, backend extras (containers), the workspace."""
+
+    def __init__(self, workspace: Workspace) -> None:
+        self.workspace = workspace
+        self.sessions: weakref.WeakSet[ShellSession] = weakref.WeakSet()
+        self.spare: Future[ShellProcess] | None = None
+        self.extra_cleanup: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def set_spare(self, spare: Future[ShellProcess]) -> None:
+        with self._lock:
+            old, self.spare = self.spare, spare
+        _kill_spare(old)
+
+    def take_spare(self) -> ShellProcess | None:
+        with self._lock:
+            spare, self.spare = self.spare, None
+        if spare is None or spare.exception() is not None:
+            return None  # a failed warm-up: the session starts its own shell and reports the error
+        return spare.result()
+
+    def drop_spare(self) -> None:
+        with self._lock:
+            spare, self.spare = self.spare, None
+        _kill_spare(spare)
+
+    def end_sessions(self, reason: str, keep_spare: bool = False) -> None:
+        for session in list(self.sessions):
+            session._end(reason)
+        if not keep_spare:
+            self.drop_spare()
+
+    def cleanup(self) -> None:
+        """Runs once, from close(), garbage collection or interpreter exit: nothing survives it."""
+        try:
+            self.end_sessions("the sandbox was closed")
+            for step in self.extra_cleanup:
+                step()
+        finally:
+            self.workspace.release()
+
+
+def _kill_spare(spare: Future[ShellProcess] | None) -> None:
+    if spare is not None and spare.exception() is None:  # waits for a warm-up still in flight
+        spare.result().kill()
+
+
+# Spare shells start off the caller's thread, so a pool's release does not wait for bwrap to come up.
+_WARMER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rl-llm-sandbox-warmer")

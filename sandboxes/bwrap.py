@@ -1,0 +1,239 @@
+"""The bubblewrap backend: Linux namespaces and rlimits around every command, no daemon and no image.
+
+Each `run()` is a fresh `bwrap` (new user, PID, IPC, UTS, cgroup and network namespaces) over a read-only view
+of the system directories, a private /tmp and the sandbox's workspace at /workspace. The command's bash is
+PID 1 of its namespace: when it exits, or is killed at its deadline, the kernel kills everything left in the
+PID namespace, daemonised children included. Sessions are long-lived bwraps
+running the driver shell (see `shell.py`). As root, bwrap runs as the slot's private uid (see `workspace.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from rl_llm.sandboxes.base import Command, ExecResult, Sandbox, SandboxLimits, SandboxUnavailable
+from rl_llm.sandboxes.oneshot import run_to_completion
+from rl_llm.sandboxes.processes import children
+from rl_llm.sandboxes.shell import DRIVER_ARGV, PopenShell, ShellProcess, spawn_popen_shell
+from rl_llm.sandboxes.workspace import INNER_UID, MAX_SLOTS, UID_BASE, Workspace, as_user, base_dir, log
+
+INNER_WORKDIR = "/workspace"
+INNER_IO_DIR = "/run/rl-io"
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# /etc entries programs need (dynamic linker, alternatives symlinks, certificates, time zone); nothing secret.
+# Sandboxes see a copy of these plus their own passwd/group/hosts as /etc (see `sandbox_etc`).
+_ETC_SHARED = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "timezone", "ssl",
+               "ca-certificates", "ca-certificates.conf", "nsswitch.conf", "mime.types", "python3",
+               "python3.11", "python3.12", "inputrc", "terminfo", "magic", "os-release")
+_ETC_NETWORK = ("resolv.conf", "host.conf", "gai.conf", "services", "protocols")
+
+
+def sandbox_env(home: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The whole environment commands start with: nothing leaks in from the host process."""
+    env = {"PATH": SANDBOX_PATH, "HOME": home, "USER": "sandbox", "LOGNAME": "sandbox", "SHELL": "/bin/bash",
+           "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp"}
+    env.update(extra or {})
+    return env
+
+
+@functools.cache
+def _bwrap_flags() -> frozenset[str]:
+    path = shutil.which("bwrap")
+    if path is None:
+        return frozenset()
+    text = subprocess.run([path, "--help"], capture_output=True, text=True, check=False).stdout
+    return frozenset(word for word in text.split() if word.startswith("--"))
+
+
+_ETC_OWN = {
+    "passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+              f"sandbox:x:{INNER_UID}:{INNER_UID}:sandbox:{INNER_WORKDIR}:/bin/bash\n"
+              "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    "group": f"root:x:0:\nsandbox:x:{INNER_UID}:\nnogroup:x:65534:\n",
+    "hosts": "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+    "hostname": "sandbox\n",
+}
+_etc_lock = threading.Lock()
+
+
+def sandbox_etc(network: bool) -> Path:
+    """The directory mounted as /etc: copies of the host entries above plus the sandbox's own passwd, group
+    and hosts. One directory instead of a bind mount per entry makes bwrap start and stop faster. It is built
+    once and shared (read-only) by all sandboxes; its name hashes the sources, so host changes make a new
+    one."""
+    names = _ETC_SHARED + (_ETC_NETWORK if network else ())
+    present = [name for name in names if os.path.lexists(f"/etc/{name}")]
+    stamp = [(name, os.lstat(f"/etc/{name}").st_mtime_ns) for name in present]
+    key = hashlib.sha256(repr((stamp, _ETC_OWN)).encode()).hexdigest()[:16]
+    target = base_dir() / f"etc-{key}"
+    with _etc_lock:
+        if target.is_dir():
+            return target
+        building = Path(tempfile.mkdtemp(prefix=".etc-", dir=base_dir()))
+        try:
+            os.chmod(building, 0o755)
+            for name, _ in stamp:
+                _copy_entry(Path("/etc", name), building / name)
+            for name, text in _ETC_OWN.items():
+                (building / name).write_text(text)
+            os.rename(building, target)
+        except OSError:
+            shutil.rmtree(building, ignore_errors=True)
+            if not target.is_dir():  # not another process winning the race to build it
+                raise
+    return target
+
+
+def _copy_entry(source: Path, target: Path) -> None:
+    try:
+        if source.is_symlink():
+            os.symlink(os.readlink(source), target)
+        elif source.is_dir():
+            shutil.copytree(source, target, symlinks=True, ignore=shutil.ignore_patterns("private"))
+        else:
+            shutil.copy2(source, target)
+    except OSError as exc:  # unreadable or vanished: the sandbox simply goes without it
+        log.debug("not copying %s into the sandbox /etc: %s", source, exc)
+
+
+def system_args(limits: SandboxLimits) -> list[str]:
+    """bwrap options shared by every sandbox: namespaces, read-only /usr, /proc, /dev, /tmp (not /etc)."""
+    flags = _bwrap_flags()
+    args = ["--die-with-parent", "--unshare-user", "--uid", str(INNER_UID), "--gid",
+            str(INNER_UID), "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--hostname", "sandbox"]
+    if "--disable-userns" in flags:  # no nested user namespaces: a large kernel attack surface
+        args.append("--disable-userns")
+    if not limits.network:
+        args.append("--unshare-net")
+    args += ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        top = Path("/", name)
+        if top.is_symlink():
+            args += ["--symlink", os.readlink(top), str(top)]
+        elif top.is_dir():
+            args += ["--ro-bind", str(top), str(top)]
+    tmp_bytes = str(int(limits.tmp_size_mb) * 1024 * 1024)
+    # A /dev of its own with the harmless devices and no tty: without /dev/tty a sandbox cannot reach a
+    # controlling terminal (no TIOCSTI injection), so commands need no setsid(), which costs a new scheduler
+    # autogroup per command. No /dev/pts either: there are no pseudo-terminals in the sandbox.
+    args += ["--proc", "/proc", "--size", "65536", "--tmpfs", "/dev"]
+    for name in ("null", "zero", "full", "random", "urandom"):
+        args += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        args += ["--symlink", target, f"/dev/{name}"]
+    args += ["--size", tmp_bytes, "--perms", "1777", "--tmpfs", "/dev/shm",
+             "--size", tmp_bytes, "--perms", "1777", "--tmpfs", "/tmp"]
+    return args
+
+
+@functools.cache
+def bwrap_problem() -> str | None:
+    """Why bwrap sandboxes cannot run here, or None if a real one just did."""
+    path = shutil.which("bwrap")
+    if path is None:
+        return "the `bwrap` executable is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    probe = [*as_user(UID_BASE + MAX_SLOTS), path, *system_args(SandboxLimits()), "--", "/bin/true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap could not run: {exc}"
+    if done.returncode != 0:
+        return (f"bwrap could not create namespaces (exit {done.returncode}: {done.stderr.strip()}); "
+                "unprivileged user namespaces may be disabled (sysctl kernel.unprivileged_userns_clone=1)")
+    return None
+
+
+class BwrapShell(PopenShell):
+    """The driver shell in a long-lived bwrap: outer bwrap -> bwrap init (PID 1) -> bash."""
+
+    def driver_pid(self) -> int | None:
+        inits = children(self.proc.pid)
+        shells = children(inits[0]) if inits else []
+        return shells[0] if shells else None
+
+    def terminate(self) -> None:
+        kill_bwrap(self.proc)
+
+
+def kill_bwrap(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the namespace's PID 1 (bwrap's init, or the command itself with --as-pid-1) and wait for the outer
+    bwrap, which exits only once it has reaped that process; the kernel kills every process of a PID
+    namespace before its PID 1 is reaped, so then nothing of the run is left. (Killing the outer bwrap too
+    would return at once, while the namespace may still be dying.)"""
+    inits = children(proc.pid)
+    for init in inits:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(init, signal.SIGKILL)
+    if inits:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+            return
+    # Still setting up (no init yet, so nothing of the command runs) or stuck: kill the outer bwrap; an init
+    # created meanwhile dies with it (--die-with-parent).
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+
+
+class BwrapSandbox(Sandbox):
+    """Commands run in bubblewrap namespaces as an unprivileged user (see module docstring).
+
+    `ro_binds` adds read-only host paths: `["/opt/venv"]` or `[("/host/data", "/data")]`.
+    """
+
+    backend = "bwrap"
+    inner_workdir = INNER_WORKDIR
+
+    def __init__(self, limits: SandboxLimits, *, ro_binds: Sequence[str | tuple[str, str]] = (),
+                 env: dict[str, str] | None = None, keep_warm: bool = False) -> None:
+        problem = bwrap_problem()
+        if problem is not None:
+            raise SandboxUnavailable(problem)
+        super().__init__(limits, Workspace(), keep_warm)
+        ws = self._workspace
+        binds: list[str] = []
+        for item in ro_binds:
+            source, target = (item, item) if isinstance(item, str) else item
+            if not Path(source).exists():
+                raise FileNotFoundError(f"ro_binds: {source} does not exist")
+            binds += ["--ro-bind", str(source), str(target)]
+        self._args = [*as_user(ws.uid), shutil.which("bwrap") or "bwrap", *system_args(limits),
+                      "--ro-bind", str(sandbox_etc(limits.network)), "/etc",
+                      "--ro-bind", str(ws.io_dir), INNER_IO_DIR, "--bind", str(ws.path), INNER_WORKDIR,
+                      *binds,
+                      "--chdir", INNER_WORKDIR, "--remount-ro", "/", "--"]
+        # One-off commands run with their bash as the namespace's PID 1 instead of bwrap's init: when it exits
+        # the kernel kills the rest, and the outer bwrap reaps it (an exiting init would be left to the host).
+        self._run_args = [*self._args[:-1], "--as-pid-1", "--"]
+        self._env = sandbox_env(INNER_WORKDIR, env)
+        if keep_warm:
+            self._start_warm()
+
+    def _run(self, cmd: Command, timeout: float, stdin: bytes | None, env: dict[str, str]) -> ExecResult:
+        # No new session (it would cost a scheduler autogroup per command): see the /dev note in system_args.
+        return run_to_completion([*self._run_args, *self._shell_argv(cmd)], env={**self._env, **env},
+                                 cwd=None, stdin=stdin, timeout=timeout, cap=self.limits.max_output_bytes,
+                                 kill=kill_bwrap, new_session=False, pipe_owner=self._workspace.uid)
+
+    def _kill_all(self) -> bool:
+        """Nothing to do: every command ran as the first process of its own PID namespace, and sessions were
+        ended by killing their namespace's init and waiting for it, so no process of this sandbox is left."""
+        return False
+
+    def spawn_shell(self) -> ShellProcess:
+        return spawn_popen_shell([*self._args, *DRIVER_ARGV], env=self._env, cwd=None, limits=self.limits,
+                                 workdir=INNER_WORKDIR, pipe_owner=self._workspace.uid,
+                                 shell_class=BwrapShell)

@@ -1,0 +1,331 @@
+"""The Docker backend: one container per sandbox, from an image built out of `sandboxes/images/`.
+
+The container has no network (`network_mode="none"`), a read-only root, memory/pids/CPU limits, all
+capabilities dropped and no-new-privileges; its only writable places are the workspace (bind-mounted from the
+host at /workspace), /tmp and /dev/shm (size-capped tmpfs). Its main process sleeps as `nobody`; commands run
+through `docker exec` as the slot's uid, so `kill -1` from that uid (reset) ends them all and nothing else.
+Images are built from the Dockerfiles here on first use and cached by content hash; the base image must
+already be present locally: nothing is pulled from a registry at run time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import secrets
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rl_llm.sandboxes.base import (
+    TIMEOUT_EXIT_CODE,
+    Command,
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+    SandboxUnavailable,
+)
+from rl_llm.sandboxes.bwrap import INNER_IO_DIR, INNER_WORKDIR, sandbox_env
+from rl_llm.sandboxes.oneshot import DRAIN_GRACE_S
+from rl_llm.sandboxes.processes import close_fds
+from rl_llm.sandboxes.shell import DRIVER_ARGV, ShellProcess, driver_setup
+from rl_llm.sandboxes.streams import FdPump, StreamCapture
+from rl_llm.sandboxes.workspace import Workspace, log
+
+IMAGES_DIR = Path(__file__).parent / "images"
+LABEL = "rl-llm.sandbox"
+_swept = False
+# Runs one command as its own process group with a timer; when it returns, its background jobs go too.
+# Arguments: timeout, stdin file, argv. bash's own "Killed" notices go to /dev/null, the command keeps stderr.
+_RUN_WRAPPER = r"""exec 3>&2 2>/dev/null
+set -m
+"${@:3}" <"$2" 2>&3 3>&- &
+job=$!
+{ sleep "$1"; kill -KILL -- "-$job"; } </dev/null >/dev/null 3>&- &
+timer=$!
+set +m
+wait "$job"
+code=$?
+if kill -0 "$timer"; then kill -KILL -- "-$timer"; else code=124; fi
+kill -KILL -- "-$job"
+exit "$code"
+"""
+
+
+def _client(timeout: float = 10) -> Any:
+    import docker
+
+    return docker.from_env(timeout=timeout)
+
+
+@functools.cache
+def docker_problem() -> str | None:
+    """Why docker sandboxes cannot run here, or None if an engine answered a ping."""
+    try:
+        import docker  # noqa: F401
+    except ImportError:
+        return "the `docker` Python package is not installed (pip install 'rl-llm[docker]')"
+    try:
+        client = _client(timeout=3)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:  # the SDK raises many kinds; all mean "no usable engine"
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"no Docker engine answers ({first_line[:200]})"
+    return None
+
+
+def dockerfile(name: str) -> Path:
+    path = IMAGES_DIR / f"{name}.Dockerfile"
+    if not path.is_file():
+        known = sorted(p.name.removesuffix(".Dockerfile") for p in IMAGES_DIR.glob("*.Dockerfile"))
+        raise ValueError(f"no sandbox image {name!r}; images in {IMAGES_DIR}: {known}")
+    return path
+
+
+def default_base_image(path: Path) -> str:
+    for line in path.read_text().splitlines():
+        if line.strip().startswith("ARG BASE_IMAGE="):
+            return line.split("=", 1)[1].strip()
+    raise ValueError(f"{path} has no `ARG BASE_IMAGE=` line")
+
+
+def ensure_image(client: Any, name: str = "python", base_image: str | None = None) -> str:
+    """The tag of the image built from images/NAME.Dockerfile, building it once if it is not there yet."""
+    import docker
+
+    path = dockerfile(name)
+    base = base_image or default_base_image(path)
+    digest = hashlib.sha256(path.read_bytes() + base.encode()).hexdigest()[:12]
+    tag = f"rl-llm-sandbox-{name}:{digest}"
+    with contextlib.suppress(docker.errors.ImageNotFound):
+        client.images.get(tag)
+        return tag
+    try:
+        client.images.get(base)
+    except docker.errors.ImageNotFound:
+        raise SandboxUnavailable(f"base image {base!r} for {path.name} is not present locally; run "
+                                 f"`docker pull {base}` once (sandboxes never pull at run time)") from None
+    log.info("building sandbox image %s from %s", tag, path)
+    try:
+        client.images.build(path=str(IMAGES_DIR), dockerfile=path.name, tag=tag, pull=False, rm=True,
+                            buildargs={"BASE_IMAGE": base}, labels={LABEL: "image"})
+    except docker.errors.BuildError as exc:
+        raise SandboxUnavailable(f"building {tag} from {path} failed: {exc}") from None
+    return tag
+
+
+def remove_stale_containers(client: Any) -> int:
+    """Remove sandbox containers of processes on this host that no longer exist (crashed owners)."""
+    removed = 0
+    host = socket.gethostname()
+    for container in client.containers.list(all=True, filters={"label": LABEL}):
+        owner_host, _, pid = container.labels.get(f"{LABEL}.owner", "").rpartition(":")
+        if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
+            with contextlib.suppress(Exception):
+                container.remove(force=True)
+                removed += 1
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _ExecStream:
+    """A `docker exec` attached over its hijacked socket; a thread splits the multiplexed frames into two
+    pipes so the same select loop as for local processes can read them."""
+
+    def __init__(self, api: Any, container_id: str, argv: list[str], *, user: str, env: dict[str, str],
+                 stdin: bool) -> None:
+        self.api = api
+        self.exec_id = api.exec_create(container_id, argv, stdin=stdin, stdout=True, stderr=True, tty=False,
+                                       user=user, environment=env, workdir=INNER_WORKDIR)["Id"]
+        self.sock = api.exec_start(self.exec_id, socket=True)
+        self.raw = getattr(self.sock, "_sock", self.sock)
+        self.raw.settimeout(None)  # the client's request timeout must not end an idle session
+        self.out_read, out_write = os.pipe()
+        self.err_read, err_write = os.pipe()
+        self._thread = threading.Thread(target=self._demux, args=(out_write, err_write), daemon=True,
+                                        name="rl-llm-docker-demux")
+        self._thread.start()
+
+    def _demux(self, out_write: int, err_write: int) -> None:
+        from docker.utils.socket import STDERR, frames_iter
+
+        try:
+            for stream, data in frames_iter(self.sock, tty=False):
+                os.write(err_write if stream == STDERR else out_write, data)
+        except OSError:  # the socket or our pipes were closed: the exec is over for us
+            pass
+        finally:
+            close_fds(out_write, err_write)
+
+    def send(self, data: bytes) -> None:
+        self.raw.sendall(data)
+
+    def exit_code(self, wait: float = 0.0) -> int | None:
+        """The exec's exit code, polling up to `wait` seconds while the engine still reports it running."""
+        deadline = time.monotonic() + wait
+        while True:
+            info = self.api.exec_inspect(self.exec_id)
+            if not info.get("Running"):
+                return info.get("ExitCode")
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.raw.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        close_fds(self.out_read, self.err_read)  # first, so a demux thread blocked writing to them gets EPIPE
+        self._thread.join(5)
+
+
+class DockerShell(ShellProcess):
+    """The driver shell as a `docker exec` (its status line follows the stdout marker)."""
+
+    def __init__(self, sandbox: DockerSandbox, setup: bytes) -> None:
+        self._sandbox = sandbox
+        self._pid_file = f"/tmp/.rl-shell-{secrets.token_hex(8)}"
+        argv = ["setsid", "-w", *DRIVER_ARGV]  # own process group, so signals reach only this shell's work
+        self.stream = sandbox._exec(argv, stdin=True)
+        self.stdin_fd = self.stream.raw.fileno()
+        self.stdout_fd, self.stderr_fd, self.status_fd = self.stream.out_read, self.stream.err_read, None
+        self._ended = False
+        self.stream.send(f"echo $$ >{self._pid_file}\n".encode() + setup)
+
+    def interrupt(self, hard: bool) -> None:
+        # Without job control everything the shell runs shares its group; background jobs ignore SIGINT.
+        signal = "KILL" if hard else "INT"
+        self._sandbox._exec_quiet(["bash", "-c", f'kill -{signal} -- -"$(cat {self._pid_file})"'])
+
+    def terminate(self) -> None:
+        if not self._ended:
+            self._ended = True
+            with contextlib.suppress(Exception):
+                self.interrupt(hard=True)
+
+    def close_pipes(self) -> None:
+        self.stream.close()
+
+    def exit_code(self, wait: float = 0.0) -> int | None:
+        try:
+            code = self.stream.exit_code(wait)
+        except Exception:  # the engine lost the exec: treat the shell as gone
+            return 255
+        return None if code is None else int(code)
+
+
+class DockerSandbox(Sandbox):
+    """A container per sandbox; see the module docstring. `image` names a Dockerfile in sandboxes/images/."""
+
+    backend = "docker"
+    inner_workdir = INNER_WORKDIR
+
+    def __init__(self, limits: SandboxLimits, *, image: str = "python", base_image: str | None = None,
+                 cpus: float = 1.0, env: dict[str, str] | None = None, keep_warm: bool = False,
+                 client: Any = None) -> None:
+        problem = None if client is not None else docker_problem()
+        if problem is not None:
+            raise SandboxUnavailable(problem)
+        self._client = client or _client()
+        global _swept
+        if not _swept:
+            _swept = True
+            with contextlib.suppress(Exception):
+                remove_stale_containers(self._client)
+        tag = ensure_image(self._client, image, base_image)
+        super().__init__(limits, Workspace(), keep_warm)
+        ws = self._workspace
+        self._user = f"{ws.uid}:{ws.gid}"
+        self._env = sandbox_env(INNER_WORKDIR, env)
+        from docker.types import Ulimit
+
+        tmpfs_opts = f"rw,nosuid,nodev,size={int(limits.tmp_size_mb)}m,mode=1777"
+        try:
+            self._container = self._client.containers.run(
+                tag, ["sleep", "infinity"], detach=True, init=True, user="65534:65534", hostname="sandbox",
+                network_mode="bridge" if limits.network else "none", read_only=True,
+                mem_limit=f"{int(limits.memory_mb)}m", memswap_limit=f"{int(limits.memory_mb)}m",
+                pids_limit=int(limits.max_processes), nano_cpus=int(cpus * 1e9),
+                tmpfs={"/tmp": tmpfs_opts}, shm_size=f"{int(limits.tmp_size_mb)}m",
+                volumes={str(ws.path): {"bind": INNER_WORKDIR, "mode": "rw"},
+                         str(ws.io_dir): {"bind": INNER_IO_DIR, "mode": "ro"}},
+                working_dir=INNER_WORKDIR, environment=self._env, cap_drop=["ALL"],
+                security_opt=["no-new-privileges"], ulimits=[Ulimit(name="core", soft=0, hard=0)],
+                labels={LABEL: "container", f"{LABEL}.owner": f"{socket.gethostname()}:{os.getpid()}"})
+        except Exception:
+            ws.release()
+            raise
+        container = self._container
+        self._res.extra_cleanup.append(lambda: _remove(container))
+        if keep_warm:
+            self._start_warm()
+
+    def _exec(self, argv: list[str], stdin: bool = False, env: dict[str, str] | None = None) -> _ExecStream:
+        return _ExecStream(self._client.api, self._container.id, argv, user=self._user,
+                           env={**self._env, **(env or {})}, stdin=stdin)
+
+    def _exec_quiet(self, argv: list[str]) -> None:
+        self._container.exec_run(argv, user=self._user, stdout=False, stderr=False)
+
+    def _run(self, cmd: Command, timeout: float, stdin: bytes | None, env: dict[str, str]) -> ExecResult:
+        started = time.monotonic()
+        feed = "/dev/null"
+        stdin_file = None
+        if stdin is not None:
+            stdin_file, feed = self.put_io_file("stdin", stdin)
+        argv = ["bash", "-c", _RUN_WRAPPER, "rl-sandbox", f"{timeout:.3f}", feed, *self._shell_argv(cmd)]
+        stream = self._exec(argv, env=env)
+        cap = self.limits.max_output_bytes
+        out, err = StreamCapture(cap), StreamCapture(cap)
+        pump = FdPump()
+        pump.add(stream.out_read, out.on_read)
+        pump.add(stream.err_read, err.on_read)
+        try:
+            if not pump.run(lambda: not pump.reading, started + timeout + 2.0):
+                self._kill_all()  # the in-container timer failed; end every process of the sandbox
+                pump.run(lambda: not pump.reading, time.monotonic() + DRAIN_GRACE_S)
+            code = stream.exit_code(wait=2.0)  # the engine may report the exec as running a moment longer
+        finally:
+            pump.close()
+            stream.close()
+            if stdin_file is not None:
+                stdin_file.unlink(missing_ok=True)
+        duration = time.monotonic() - started
+        timed_out = code is None or (code == TIMEOUT_EXIT_CODE and duration >= timeout)
+        return ExecResult(stdout=out.text(), stderr=err.text(),
+                          exit_code=TIMEOUT_EXIT_CODE if timed_out else int(code or 0), timed_out=timed_out,
+                          duration_s=duration, truncated=out.truncated or err.truncated)
+
+    def spawn_shell(self) -> ShellProcess:
+        return DockerShell(self, driver_setup(self.limits, INNER_WORKDIR, None))
+
+    def _kill_all(self) -> bool:
+        try:
+            self._exec_quiet(["bash", "-c", "kill -KILL -1"])
+        except Exception as exc:
+            container = self._container.short_id
+            raise SandboxError(f"could not kill the processes of container {container}: {exc}") from exc
+        return True
+
+
+def _remove(container: Any) -> None:
+    with contextlib.suppress(Exception):
+        container.remove(force=True)

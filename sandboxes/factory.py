@@ -1,0 +1,93 @@
+"""`make()`: the one way to get a sandbox, and the choice `backend="auto"` makes."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rl_llm.sandboxes.base import Sandbox, SandboxLimits, SandboxUnavailable
+from rl_llm.sandboxes.workspace import log
+
+BACKENDS = ("docker", "bwrap", "local")
+ISOLATING = ("docker", "bwrap")  # the order `auto` tries them in
+ENV_VAR = "RL_LLM_SANDBOX"  # overrides what `auto` picks, e.g. RL_LLM_SANDBOX=bwrap
+_announced: set[str] = set()
+# Keyword options each backend takes besides the SandboxLimits fields.
+BACKEND_OPTIONS = {"bwrap": ("ro_binds", "env"), "docker": ("image", "base_image", "cpus", "env", "client"),
+                   "local": ("env",)}
+
+
+def backend_problem(name: str) -> str | None:
+    """Why backend `name` cannot run here, or None when it can (probes run once per process)."""
+    if name == "docker":
+        from rl_llm.sandboxes.docker_backend import docker_problem
+
+        return docker_problem()
+    if name == "bwrap":
+        from rl_llm.sandboxes.bwrap import bwrap_problem
+
+        return bwrap_problem()
+    if name == "local":
+        return None
+    raise ValueError(f"unknown sandbox backend {name!r}; choose one of {['auto', *BACKENDS]}")
+
+
+def available_backends() -> list[str]:
+    """Backends that can run on this machine, strongest first (`local` last: it does not isolate)."""
+    return [name for name in BACKENDS if backend_problem(name) is None]
+
+
+def resolve_backend(backend: str = "auto") -> str:
+    """The concrete backend for `backend`; `auto` takes docker, then bwrap, and never falls back to local."""
+    if backend == "auto" and os.environ.get(ENV_VAR, "auto") != "auto":
+        backend = os.environ[ENV_VAR]
+        log.info("sandbox backend set by %s=%s", ENV_VAR, backend)
+    if backend != "auto":
+        problem = backend_problem(backend)
+        if problem is not None:
+            raise SandboxUnavailable(f"sandbox backend {backend!r} cannot run here: {problem}")
+        return backend
+    reasons = []
+    for name in ISOLATING:
+        problem = backend_problem(name)
+        if problem is None:
+            if name not in _announced:  # once per process: pools make many sandboxes
+                _announced.add(name)
+                log.info("sandbox backend=auto chose %s (%s)", name,
+                         "; ".join(reasons) if reasons else "strongest available")
+            return name
+        reasons.append(f"{name} unavailable: {problem}")
+    raise SandboxUnavailable(
+        "no isolating sandbox backend is available (" + "; ".join(reasons) + "). Install bubblewrap "
+        "(apt-get install bubblewrap) or start a Docker engine. backend='local' runs commands on the host "
+        "WITHOUT isolation and is only used when asked for explicitly.")
+
+
+def split_kwargs(backend: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(limit overrides, backend options) from one keyword dict; anything else is a TypeError."""
+    names = set(SandboxLimits.names())
+    limits = {k: v for k, v in kwargs.items() if k in names}
+    options = {k: v for k, v in kwargs.items() if k not in names}
+    unknown = sorted(set(options) - set(BACKEND_OPTIONS[backend]))
+    if unknown:
+        raise TypeError(f"unknown argument(s) {unknown} for a {backend} sandbox; its options are "
+                        f"{list(BACKEND_OPTIONS[backend])} and the limits are {sorted(names)}")
+    return limits, options
+
+
+def make(backend: str = "auto", *, limits: SandboxLimits | None = None, keep_warm: bool = False,
+         **kwargs: Any) -> Sandbox:
+    """A new sandbox. Keyword arguments are `SandboxLimits` fields (wall_timeout, cpu_time, memory_mb,
+    max_processes, max_output_bytes, max_file_size_mb, max_open_files, network, tmp_size_mb) or backend
+    options (bwrap: ro_binds, env; docker: image, base_image, cpus, env, client; local: env).
+    `keep_warm=True` keeps a shell started so `session()` is instant (pools use it)."""
+    name = resolve_backend(backend)
+    overrides, options = split_kwargs(name, kwargs)
+    resolved = SandboxLimits.from_kwargs(limits, **overrides)
+    if name == "bwrap":
+        from rl_llm.sandboxes.bwrap import BwrapSandbox as cls
+    elif name == "docker":
+        from rl_llm.sandboxes.docker_backend import DockerSandbox as cls  # type: ignore[assignment]
+    else:
+        from rl_llm.sandboxes.local import LocalSandbox as cls  # type: ignore[assignment]
+    return cls(resolved, keep_warm=keep_warm, **options)
