@@ -20,7 +20,10 @@ from rl_llm.agents.evaluate import run_episodes
 from rl_llm.envs.registration import env_ids
 from tests.conftest import hostile_text
 
-TEST_KWARGS: dict[str, dict] = {}
+TEST_KWARGS: dict[str, dict] = {
+    # Short episodes and commands keep the fuzz (one sandbox per example) quick; level 1 fits the oracle in 6 turns.
+    "rl-llm/Terminal-v0": {"max_turns": 6, "command_timeout_s": 5.0, "difficulty": 1},
+}
 STEP_INFO_KEYS = {"reward_components", "invalid_action", "metrics"}
 RESET_INFO_KEYS = {"system_prompt", "task_id", "stop"}
 
@@ -43,7 +46,7 @@ def test_check_env_passes(env_id: str) -> None:
 def test_reset_info_has_contract_keys(env_id: str) -> None:
     env = make(env_id)
     observation, info = env.reset(seed=3)
-    assert RESET_INFO_KEYS <= info.keys()
+    assert info.keys() >= RESET_INFO_KEYS
     assert isinstance(info["system_prompt"], str) and info["system_prompt"]
     assert isinstance(info["task_id"], str) and info["task_id"]
     assert all(isinstance(stop, str) for stop in info["stop"])
@@ -62,7 +65,7 @@ def test_survives_arbitrary_text_for_whole_episodes(env_id: str, actions: list[s
         observation, reward, terminated, truncated, info = env.step(actions[turn % len(actions)])
         assert isinstance(observation, str)
         assert math.isfinite(reward)
-        assert STEP_INFO_KEYS <= info.keys()
+        assert info.keys() >= STEP_INFO_KEYS
         assert math.isclose(reward, sum(info["reward_components"].values()), abs_tol=1e-9)
         if terminated or truncated:
             assert observation == ""

@@ -1,0 +1,99 @@
+"""``TerminalTask``: one shell task, and the loaders for hand-written task directories.
+
+A task directory holds ``description.md`` (or ``task.md``), an optional ``setup.sh`` (run in the fresh
+workspace before the episode), a completion test ``test.sh`` (passes on exit status 0) or
+``test_final_state.py`` (pytest-style ``test_*`` functions) and optionally ``solution.sh`` (what the oracle
+agent runs). The test never enters the workspace: it is sent to the checker after the episode.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DESCRIPTION_FILES = ("description.md", "task.md", "description.txt")
+TEST_FILES = {"test.sh": "bash_test", "test_final_state.py": "python_tests"}
+
+
+@dataclass(frozen=True)
+class TerminalTask:
+    """A shell task: what the agent reads, how the workspace starts, and how the end state is judged.
+
+    ``files`` are written into the empty workspace (str for text, bytes for binary), then ``setup`` runs
+    there with bash. ``checks`` are declarative specs run by the checker (``runner.py``) on the final
+    state; all must pass for reward 1. ``solution`` is the oracle's list of shell commands.
+    """
+
+    task_id: str
+    family: str
+    difficulty: int
+    description: str
+    files: Mapping[str, str | bytes] = field(default_factory=dict)
+    setup: str = ""
+    checks: tuple[Mapping[str, Any], ...] = ()
+    solution: tuple[str, ...] = ()
+    variant: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.description.strip():
+            raise ValueError(f"task {self.task_id!r} has an empty description")
+        if not self.checks:
+            raise ValueError(f"task {self.task_id!r} has no completion check")
+        for rel in self.files:
+            parts = Path(rel).parts
+            if not parts or Path(rel).is_absolute() or ".." in parts:
+                raise ValueError(f"task {self.task_id!r}: file path {rel!r} must stay inside the workspace")
+
+    def setup_payload(self) -> dict[str, Any]:
+        files = {
+            rel: {"b64": base64.b64encode(content).decode()} if isinstance(content, bytes) else {"text": content}
+            for rel, content in self.files.items()
+        }
+        return {"mode": "setup", "files": files, "script": self.setup}
+
+
+def load_task_dir(path: str | Path, family: str = "custom") -> TerminalTask:
+    """A ``TerminalTask`` from a hand-written task directory (see the module docstring)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"task directory {root} does not exist")
+    description = next((root / name for name in DESCRIPTION_FILES if (root / name).is_file()), None)
+    if description is None:
+        raise FileNotFoundError(f"task directory {root} has none of {', '.join(DESCRIPTION_FILES)}")
+    tests = [(root / name, kind) for name, kind in TEST_FILES.items() if (root / name).is_file()]
+    if not tests:
+        raise FileNotFoundError(f"task directory {root} has no completion test ({' or '.join(TEST_FILES)})")
+    setup = root / "setup.sh"
+    solution = root / "solution.sh"
+    checks = tuple({"kind": kind, "source": test.read_text(encoding="utf-8")} for test, kind in tests)
+    text = description.read_text(encoding="utf-8")
+    digest = hashlib.sha1(repr((text, [c["source"] for c in checks])).encode()).hexdigest()[:10]
+    return TerminalTask(
+        task_id=f"terminal/{family}/{root.name}/{digest}",
+        family=family,
+        difficulty=0,
+        description=text.strip(),
+        setup=setup.read_text(encoding="utf-8") if setup.is_file() else "",
+        checks=checks,
+        solution=(solution.read_text(encoding="utf-8"),) if solution.is_file() else (),
+        variant=root.name,
+    )
+
+
+def load_task_folder(path: str | Path, family: str = "custom") -> list[TerminalTask]:
+    """Every task directory directly inside ``path``, sorted by name."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"task folder {root} does not exist")
+    tasks = [
+        load_task_dir(child, family)
+        for child in sorted(root.iterdir())
+        if child.is_dir() and any((child / name).is_file() for name in DESCRIPTION_FILES)
+    ]
+    if not tasks:
+        raise FileNotFoundError(f"task folder {root} holds no task directories")
+    return tasks
