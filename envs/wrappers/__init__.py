@@ -1,6 +1,7 @@
-"""rl_llm.envs.wrappers"""
+"""rl_llm.envs.wrappers: OTC reward, try-again / multi-attempt protocols, trajectory recording."""
 
 from rl_llm.envs.wrappers.attempts import MultiAttempt, TryAgain
 from rl_llm.envs.wrappers.otc import OptimalCallsTracker, OptimalToolCalls
+from rl_llm.envs.wrappers.record import RecordTrajectories
 
-__all__ = ["MultiAttempt", "OptimalCallsTracker", "OptimalToolCalls", "TryAgain"]
+__all__ = ["MultiAttempt", "OptimalCallsTracker", "OptimalToolCalls", "RecordTrajectories", "TryAgain"]
