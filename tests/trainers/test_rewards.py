@@ -1,0 +1,51 @@
+"""The OTC transform over groups and PODS down-sampling, against hand-computed values and brute force."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rl_llm.envs.wrappers.otc import otc_mapping
+from rl_llm.trainers.rewards import OTCTransform, pods_max_variance, pods_select
+
+
+def test_otc_transform_estimates_the_optimum_from_correct_group_members() -> None:
+    otc = OTCTransform("grpo", alpha=1.0, c=1.0)
+    out = otc([1.0, 1.0, 0.0, 0.0, 0.0], [2, 4, 1, 3, 0], ["a", "a", "a", "b", "b"])
+    assert out == pytest.approx([1.0, math.sin(2 * math.pi / 3), 0.0, 0.0, 0.0])
+    assert otc.state_dict() == {"a": 2}
+    # the per-task history keeps the smallest count seen: later, a correct answer with 3 calls is past it
+    assert otc([1.0], [3], ["a"]) == pytest.approx([math.sin(otc_mapping(3, 2) * math.pi / 4)])
+
+
+def test_otc_ppo_variant_and_length_check() -> None:
+    assert OTCTransform("ppo", alpha=2.0, c=1.0)([1.0, 0.5], [1, 0], ["a", "a"]) == pytest.approx([1.0, 1.0])
+    with pytest.raises(ValueError, match="same length"):
+        OTCTransform()([1.0], [1, 2], ["a"])
+
+
+def test_pods_keeps_a_balanced_binary_subset() -> None:
+    assert sorted(np.array([0, 0, 0, 1, 1, 0.5])[pods_max_variance([0, 0, 0, 1, 1, 0.5], 2)]) == [0, 1]
+    assert sorted(np.array([0, 0, 0, 1, 1, 0])[pods_max_variance([0, 0, 0, 1, 1, 0], 4)]) == [0, 0, 1, 1]
+    assert pods_max_variance([3, 1, 2], 3) == [0, 1, 2]
+    with pytest.raises(ValueError, match="between 1 and 3"):
+        pods_max_variance([1, 2, 3], 0)
+
+
+@given(st.lists(st.floats(-5, 5, allow_nan=False), min_size=2, max_size=8), st.integers(1, 7))
+def test_pods_matches_brute_force(rewards: list[float], keep: int) -> None:
+    keep = min(keep, len(rewards))
+    best = max(np.var([rewards[i] for i in combo]) for combo in itertools.combinations(range(len(rewards)), keep))
+    chosen = pods_max_variance(rewards, keep)
+    assert len(set(chosen)) == keep
+    assert np.var([rewards[i] for i in chosen]) == pytest.approx(best, abs=1e-9)
+
+
+def test_pods_select_works_per_group() -> None:
+    chosen = pods_select([0, 1, 1, 1, 5, 5], ["a", "a", "a", "a", "b", "b"], keep=2)
+    assert chosen[-2:] == [4, 5] and len(chosen) == 4 and 0 in chosen

@@ -1,0 +1,118 @@
+"""Checkpoints for exact resume: model, optimizers, every RNG, step and data position.
+
+Layout under ``<run>/checkpoints/``: one directory per saved step (``step_000012/``) and a ``latest`` file
+naming the newest complete one. A checkpoint is written into a temporary directory, flushed to disk and
+renamed into place, and only then does ``latest`` move (itself replaced atomically), so a process killed at
+any moment leaves the previous checkpoint intact and never a half-written one behind ``latest``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+LATEST = "latest"
+
+
+def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+    if generator is not None:
+        state["generator"] = generator.get_state()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any], generator: torch.Generator | None = None) -> None:
+    """Undo ``rng_state`` (RNG states are CPU byte tensors, whatever device the checkpoint was mapped to)."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"].cpu())
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    if generator is not None and "generator" in state:
+        generator.set_state(state["generator"].cpu())
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.iterdir():
+        if path.is_file():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with temporary.open("w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+class Checkpointer:
+    def __init__(self, root: str | Path, keep: int = 2) -> None:
+        self.root = Path(root)
+        self.keep = max(1, keep)
+
+    def save(self, step: int, tensors: dict[str, Any], state: dict[str, Any]) -> Path:
+        """Write ``tensors`` (name -> object for ``torch.save``) and ``state`` (JSON) as step ``step``."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        name = f"step_{step:06d}"
+        final = self.root / name
+        staging = self.root / f".{name}.tmp-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        for key, value in tensors.items():
+            torch.save(value, staging / f"{key}.pt")
+        (staging / "state.json").write_text(json.dumps({**state, "step": step}, indent=2, default=str))
+        _fsync_tree(staging)
+        if final.exists():  # re-saving a step after a resume: replace it
+            shutil.rmtree(final)
+        staging.rename(final)
+        write_text_atomic(self.root / LATEST, name)
+        self._prune(keep_name=name)
+        return final
+
+    def latest(self) -> Path | None:
+        try:
+            name = (self.root / LATEST).read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+        path = self.root / name
+        return path if (path / "state.json").exists() else None
+
+    def load(self, path: Path | None = None, map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], dict[str, Any]]:
+        """(tensors, state) of ``path`` or of the latest checkpoint."""
+        path = path or self.latest()
+        if path is None:
+            raise FileNotFoundError(f"no checkpoint under {self.root}")
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+        tensors = {
+            file.stem: torch.load(file, map_location=map_location, weights_only=False)
+            for file in sorted(path.glob("*.pt"))
+        }
+        return tensors, state
+
+    def _prune(self, keep_name: str) -> None:
+        complete = sorted(p for p in self.root.glob("step_*") if p.is_dir())
+        for stale in complete[: -self.keep]:
+            if stale.name != keep_name:
+                shutil.rmtree(stale, ignore_errors=True)
+        for leftover in self.root.glob(".step_*.tmp-*"):
+            shutil.rmtree(leftover, ignore_errors=True)

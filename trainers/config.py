@@ -1,0 +1,311 @@
+"""The training configuration: nested dataclasses, loaded from YAML and overridden by ``key=value`` pairs.
+
+``load_config("configs/x.yaml", ["optim.lr=3e-6", "env.kwargs.horizon=5"])`` reads the file, applies the
+overrides (dotted keys reach nested sections; values are parsed as YAML) and checks every key and type, so
+a typo fails at once with the key's full path and, where one is close, the intended name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ALGORITHMS = ("grpo", "drgrpo", "rloo", "reinforce", "ppo")
+BACKENDS = ("hf", "vllm")
+
+
+class ConfigError(ValueError):
+    """A configuration key or value that cannot be used, with the offending key's full path."""
+
+
+@dataclass
+class EnvConfig:
+    id: str = "rl-llm/MultiArmedBandit-v0"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    # Training tasks come from seeds train_seed, train_seed+1, ... (each seed = one task = one GRPO group).
+    train_seed: int = 0
+    # Optional text the action is wrapped in before the env parses it, e.g. "<action>{}</action>": the
+    # generator then writes only the tag's content. Off (None) by default; the default job documents its use.
+    action_template: str | None = None
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: str | list[str] = "all-linear"
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny"  # "tiny" builds the local tiny model; otherwise a local HF model directory
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    gradient_checkpointing: bool = False
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+@dataclass
+class VllmConfig:
+    mode: str = "colocate"  # colocate: in-process engine, load_weights + sleep/wake; server: NCCL to a vLLM server
+    gpu_memory_utilization: float = 0.3
+    sleep: bool = True  # put the engine to sleep during updates to free the GPU memory it holds
+    server_url: str = "http://127.0.0.1:8000"
+    server_group_port: int = 51216
+    max_model_len: int | None = None
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "hf"
+    group_size: int = 8  # rollouts per task (the GRPO group)
+    prompts_per_step: int = 8  # distinct tasks per step
+    max_new_tokens: int = 64  # per turn
+    temperature: float = 1.0
+    top_p: float = 1.0
+    concurrency: int = 64  # environments stepped at once by the rollout engine
+    # PODS: keep this many rollouts per group (max-variance down-sampling); None keeps all.
+    pods_keep: int | None = None
+    vllm: VllmConfig = field(default_factory=VllmConfig)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    epochs: int = 1  # passes over each batch
+    minibatches: int = 1  # optimizer steps per epoch
+    micro_batch_size: int = 8  # rows per forward pass; the rest of a minibatch is gradient accumulation
+
+
+@dataclass
+class LossConfig:
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0  # k3 KL to the frozen initial policy, as a loss term
+    entropy_coef: float = 0.0
+    # seq_mean_token_mean | token_mean | seq_sum_constant; None: seq_sum_constant for drgrpo (Dr. GRPO's
+    # constant normalisation), seq_mean_token_mean otherwise.
+    aggregation: str | None = None
+    # seq_sum_constant divisor (the generation budget); None = rollout.max_new_tokens. For multi-turn
+    # episodes set it to the whole episode's budget.
+    norm_constant: float | None = None
+
+
+@dataclass
+class PPOConfig:
+    gamma: float = 1.0
+    lam_actor: float = 0.95
+    lam_critic: float = 1.0
+    whiten_advantages: bool = True
+    value_coef: float = 0.5
+    value_clip: float | None = 0.2
+    critic_lr: float | None = None  # None = optim.lr
+    critic_warmup_steps: int = 0  # VC-PPO value pretraining: critic-only updates before the policy moves
+
+
+@dataclass
+class OTCConfig:
+    enabled: bool = False
+    variant: str = "grpo"  # grpo | ppo
+    alpha: float = 1.0
+    c: float = 1.0
+    metric: str = "tool_calls"  # env metric holding the number of tool calls
+
+
+@dataclass
+class EvalConfig:
+    episodes: int = 32  # held-out episodes, seeds seed..seed+episodes-1 (disjoint from training seeds)
+    seed: int = 100_000
+    every: int = 0  # also evaluate every N steps (0: only before and after)
+    baselines: list[str] = field(default_factory=lambda: ["random"])
+    temperature: float = 1.0
+
+
+@dataclass
+class LogConfig:
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+    tensorboard: bool = True
+    progress: bool = True  # rich live display (off when stdout is not a terminal)
+    plot: bool = True
+
+
+@dataclass
+class TrainConfig:
+    algorithm: str = "grpo"
+    steps: int = 100
+    seed: int = 0
+    out_dir: str | None = None
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    otc: OTCConfig = field(default_factory=OTCConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def validate(self) -> TrainConfig:
+        if self.loss.aggregation is None:
+            self.loss.aggregation = "seq_sum_constant" if self.algorithm == "drgrpo" else "seq_mean_token_mean"
+        choices = {
+            "algorithm": (self.algorithm, ALGORITHMS),
+            "rollout.backend": (self.rollout.backend, BACKENDS),
+            "loss.aggregation": (self.loss.aggregation, ("seq_mean_token_mean", "token_mean", "seq_sum_constant")),
+            "model.dtype": (self.model.dtype, ("float32", "bfloat16", "float16")),
+            "rollout.vllm.mode": (self.rollout.vllm.mode, ("colocate", "server")),
+            "otc.variant": (self.otc.variant, ("grpo", "ppo")),
+        }
+        for key, (value, allowed) in choices.items():
+            if value not in allowed:
+                raise ConfigError(f"{key}: {value!r} is not one of {list(allowed)}")
+        positive = {
+            "steps": self.steps, "rollout.group_size": self.rollout.group_size,
+            "rollout.prompts_per_step": self.rollout.prompts_per_step,
+            "rollout.max_new_tokens": self.rollout.max_new_tokens, "rollout.concurrency": self.rollout.concurrency,
+            "optim.epochs": self.optim.epochs, "optim.minibatches": self.optim.minibatches,
+            "optim.micro_batch_size": self.optim.micro_batch_size, "eval.episodes": self.eval.episodes,
+            "optim.lr": self.optim.lr, "rollout.temperature": self.rollout.temperature,
+        }  # fmt: skip
+        for key, value in positive.items():
+            if value <= 0:
+                raise ConfigError(f"{key} must be positive, got {value}")
+        if self.optim.minibatches > self.rollout.group_size * self.rollout.prompts_per_step:
+            raise ConfigError("optim.minibatches cannot exceed the batch size (group_size * prompts_per_step)")
+        if not (0 <= self.loss.clip_low < 1 and self.loss.clip_high >= 0):
+            raise ConfigError("loss.clip_low must be in [0, 1) and loss.clip_high >= 0")
+        if self.rollout.pods_keep is not None and not 1 <= self.rollout.pods_keep <= self.rollout.group_size:
+            raise ConfigError(f"rollout.pods_keep must be in 1..group_size ({self.rollout.group_size})")
+        if self.env.action_template is not None and self.env.action_template.count("{}") != 1:
+            raise ConfigError("env.action_template must contain exactly one '{}' (where the generated text goes)")
+        if self.algorithm != "ppo" and self.rollout.group_size < 2 and self.algorithm in ("grpo", "drgrpo", "rloo"):
+            raise ConfigError(f"{self.algorithm} needs rollout.group_size >= 2 (a group baseline)")
+        return self
+
+
+# -- loading ------------------------------------------------------------------------------------------------
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Check ``value`` against a type annotation (dataclass, Optional, Union, list, dict, scalars)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(annotation):
+            try:
+                return _coerce(value, option, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: expected {_type_name(annotation)}, got {type(value).__name__} {value!r}")
+    if annotation is type(None):
+        if value is None:
+            return None
+        raise ConfigError(f"{key}: expected null")
+    if annotation is Any:
+        return value
+    if dataclasses.is_dataclass(annotation):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {annotation.__name__} fields, got {value!r}")
+        return _build(annotation, value, key + ".")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
+        (item,) = typing.get_args(annotation) or (Any,)
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")
+        return {str(k): v for k, v in value.items()}
+    if annotation is float and isinstance(value, str):  # YAML 1.1 reads "1e-6" as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    accepted = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}.get(annotation, ())
+    if isinstance(value, accepted) and not (annotation is not bool and isinstance(value, bool)):
+        return float(value) if annotation is float else value
+    raise ConfigError(f"{key}: expected {_type_name(annotation)}, got {type(value).__name__} {value!r}")
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in values:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean {prefix}{close[0]!r}?)" if close else f"; valid keys: {', '.join(names)}"
+            raise ConfigError(f"unknown config key {prefix}{key!r}{hint}")
+    return cls(**{key: _coerce(value, hints[key], prefix + key) for key, value in values.items()})
+
+
+def apply_override(tree: dict[str, Any], pair: str) -> None:
+    """Set ``a.b.c=value`` in a nested dict (the value is parsed as YAML: numbers, lists, null...)."""
+    key, sep, raw = pair.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override must look like key=value, got {pair!r}")
+    parts = key.strip().split(".")
+    node = tree
+    for depth, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(parts[: depth + 1])} is not a section; cannot set {key!r}")
+        node = child
+    try:
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as error:
+        raise ConfigError(f"override {pair!r}: value is not valid YAML ({error})") from error
+
+
+def config_from_dict(values: dict[str, Any]) -> TrainConfig:
+    return _build(TrainConfig, values).validate()
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None) -> TrainConfig:
+    """``base`` (a dict) updated by the YAML file at ``path``, then by ``overrides``; checked and typed."""
+    tree: dict[str, Any] = _deep_copy(base or {})
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except OSError as error:
+            raise ConfigError(f"cannot read config file {path}: {error}") from error
+        except yaml.YAMLError as error:
+            raise ConfigError(f"config file {path} is not valid YAML: {error}") from error
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        _merge(tree, loaded)
+    for pair in overrides or []:
+        apply_override(tree, pair)
+    return config_from_dict(tree)
+
+
+def config_to_dict(config: TrainConfig) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _deep_copy(tree: dict[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in tree.items()}

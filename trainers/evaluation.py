@@ -1,0 +1,97 @@
+"""Held-out evaluation of the policy being trained, and of the env's classical baselines on the same seeds."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+from rich.console import Console
+from rich.table import Table
+
+from rl_llm.agents.baselines import baselines_for, make_baseline
+from rl_llm.agents.evaluate import mean_ci95, run_episodes
+from rl_llm.agents.rollout import collect
+from rl_llm.trainers.checkpoint import write_text_atomic
+
+# Env metrics worth a column in the before/after table, when present.
+TABLE_METRICS = ("regret", "invalid_actions", "win", "draw", "loss", "illegal_moves", "exec_match")
+
+
+@dataclass
+class EvalResult:
+    """Per-episode figures by name (``return`` plus the env's final metrics), in seed order."""
+
+    seeds: list[int]
+    values: dict[str, list[float]] = field(default_factory=dict)
+
+    def mean(self, name: str) -> float:
+        return mean_ci95(self.values.get(name, []))[0]
+
+    def ci95(self, name: str) -> tuple[float, float]:
+        return mean_ci95(self.values.get(name, []))
+
+    def means(self) -> dict[str, float]:
+        return {name: self.mean(name) for name in self.values}
+
+    def save(self, path: Path) -> None:
+        write_text_atomic(path, json.dumps({"seeds": self.seeds, "values": self.values}))
+
+    @classmethod
+    def load(cls, path: Path) -> EvalResult:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        return cls(seeds=list(record["seeds"]), values={k: list(v) for k, v in record["values"].items()})
+
+
+def _result(seeds: Sequence[int], returns: Sequence[float], metrics: Sequence[dict[str, float]]) -> EvalResult:
+    values: dict[str, list[float]] = {"return": [float(r) for r in returns]}
+    for name in sorted({name for m in metrics for name in m}):
+        values[name] = [float(m.get(name, math.nan)) for m in metrics]
+    return EvalResult(seeds=list(seeds), values=values)
+
+
+def evaluate_llm(make_env: Callable[[], gym.Env], policy: Any, seeds: Sequence[int], temperature: float,
+                 max_new_tokens: int, concurrency: int) -> EvalResult:
+    """One episode per seed with ``policy`` sampling at ``temperature`` (0 = greedy); weights untouched."""
+    training_sampling = policy.sampling
+    policy.sampling = replace(training_sampling, temperature=temperature)
+    try:
+        trajectories = collect(make_env, policy, list(seeds), 1, max_new_tokens=max_new_tokens, concurrency=concurrency)
+    finally:
+        policy.sampling = training_sampling
+    return _result(seeds, [t.total_reward for t in trajectories], [t.metrics for t in trajectories])
+
+
+def evaluate_baselines(config: Any, names: Sequence[str]) -> dict[str, EvalResult]:
+    """The env's named baselines (those defined for it) on the held-out seeds, on the raw env."""
+    env_id, episodes, seed = config.env.id, config.eval.episodes, config.eval.seed
+    available = baselines_for(env_id)
+    results = {}
+    for name in names:
+        if name not in available:
+            continue
+        records = run_episodes(lambda: gym.make(env_id, **config.env.kwargs), make_baseline(name, env_id, seed=seed),
+                               episodes, seed=seed)  # fmt: skip
+        results[name] = _result([r.seed for r in records], [r.episode_return for r in records],
+                                [r.metrics for r in records])  # fmt: skip
+    return results
+
+
+def print_comparison(title: str, rows: dict[str, EvalResult], console: Console | None = None) -> None:
+    """Mean ± 95% half-width of the return and the main env metrics, one row per agent."""
+    columns = ["return"] + [m for m in TABLE_METRICS if all(m in r.values for r in rows.values())]
+    table = Table(title=title)
+    table.add_column("agent")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for agent, result in rows.items():
+        cells = []
+        for column in columns:
+            mean, half = result.ci95(column)
+            cells.append(f"{mean:.3f}" + ("" if math.isnan(half) else f" ± {half:.3f}"))
+        table.add_row(agent, *cells)
+    (console or Console()).print(table)

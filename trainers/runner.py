@@ -1,0 +1,390 @@
+"""Everything a training loop needs around it, so ``grpo.py`` and ``ppo.py`` read as the algorithm alone.
+
+``TrainingRun(config, run_dir)`` builds the model, optimizer, generator (the rollout policy), weight sync and
+logs, and resumes from ``run_dir/checkpoints`` when a checkpoint is there. It then offers the steps of a
+loop: ``collect`` (rollout engine), ``score`` (returns, OTC, PODS), ``log_step`` (metrics, periodic eval,
+checkpoint) and ``finish`` (final evaluation, summary, plots).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import yaml
+
+import rl_llm  # noqa: F401  (registers the environments)
+from rl_llm.agents.llm import SamplingParams
+from rl_llm.agents.rollout import collect
+from rl_llm.trainers.batch import TrainBatch, collate
+from rl_llm.trainers.checkpoint import Checkpointer, restore_rng_state, rng_state, write_text_atomic
+from rl_llm.trainers.config import TrainConfig, config_to_dict
+from rl_llm.trainers.evaluation import EvalResult, evaluate_baselines, evaluate_llm, print_comparison
+from rl_llm.trainers.logging import MetricsWriter, ProgressDisplay, plot_comparison, plot_curves, read_metrics
+from rl_llm.trainers.modeling import (
+    Critic,
+    FrozenReference,
+    is_peft,
+    load_causal_lm,
+    resolve_device,
+    trainable_state,
+)
+from rl_llm.trainers.rewards import OTCTransform, pods_select
+from rl_llm.trainers.sync import make_weight_sync
+from rl_llm.types import Trajectory
+
+
+class ActionTemplate(gym.ActionWrapper):
+    """Wrap each generated turn in a fixed text before the env parses it, e.g. ``<action>{}</action>``.
+
+    The generator then only writes what goes inside (used by the default job, where a randomly initialised
+    model could never produce the tags by chance; see ``default_job.py``).
+    """
+
+    def __init__(self, env: gym.Env, template: str) -> None:
+        super().__init__(env)
+        self.template = template
+
+    def action(self, action: str) -> str:
+        return self.template.replace("{}", action, 1)
+
+
+def env_factory(config: TrainConfig) -> Callable[[], gym.Env]:
+    def make() -> gym.Env:
+        env = gym.make(config.env.id, **config.env.kwargs)
+        return ActionTemplate(env, config.env.action_template) if config.env.action_template else env
+
+    return make
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class StepTimer:
+    """Wall time per phase of one step (``with timer("rollout"): ...``)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.started = time.perf_counter()
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"time/{phase}_s": value for phase, value in self.seconds.items()}
+        out["time/step_s"] = time.perf_counter() - self.started
+        return out
+
+
+def resolve_model_path(config: TrainConfig) -> Path:
+    if config.model.path == "tiny":
+        from rl_llm.agents.tiny import tiny_model
+
+        return tiny_model()
+    path = Path(config.model.path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model.path {config.model.path!r} is not a local directory (no hub downloads here)")
+    return path
+
+
+class TrainingRun:
+    def __init__(self, config: TrainConfig, run_dir: str | Path, with_critic: bool = False) -> None:
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=config.log.keep_checkpoints)
+        resume = self.checkpointer.latest()
+        if resume is None:
+            write_text_atomic(self.run_dir / "config.yaml", yaml.safe_dump(config_to_dict(config), sort_keys=False))
+        seed_everything(config.seed)
+        self.device = resolve_device(config.model.device)
+        self.model_path = resolve_model_path(config)
+        self._build_models(with_critic)
+        self.shuffle = torch.Generator().manual_seed(config.seed)
+        self.otc = OTCTransform(config.otc.variant, config.otc.alpha, config.otc.c) if config.otc.enabled else None
+        self.step = 0
+        self.next_seed = config.env.train_seed
+        self.dropped = 0
+        if resume is not None:
+            self._restore(resume)
+        self.make_env = env_factory(config)
+        self.generator = self._build_generator()
+        self.sync = make_weight_sync(
+            self.generator, config.rollout.backend, config.rollout.vllm.mode, config.rollout.vllm.sleep,
+            config.rollout.vllm.server_url, config.rollout.vllm.server_group_port, self.device,
+        )  # fmt: skip
+        if self.step > 0:
+            if config.rollout.backend == "vllm":
+                self.sync.push(self.model)  # the engine starts from the initial weights: give it the resumed ones
+            self.generator.mark_updated(self._resumed_version)
+        self.metrics = MetricsWriter(self.run_dir, resume_step=self.step, tensorboard=config.log.tensorboard)
+        self.resumed_from = self.step
+
+    # -- construction -------------------------------------------------------------------------------------
+    def _build_models(self, with_critic: bool) -> None:
+        from transformers import AutoTokenizer
+
+        config = self.config
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = load_causal_lm(self.model_path, config.model, self.device)
+        # The reference is the initial policy: built now, before a checkpoint overwrites the weights.
+        self.reference = FrozenReference(self.model) if config.loss.kl_coef > 0 else None
+        self.optimizer = self._adam([p for p in self.model.parameters() if p.requires_grad], config.optim.lr)
+        warmup = config.optim.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup > 0 else 1.0
+        )
+        self.critic = self.critic_optimizer = None
+        if with_critic:
+            base = self.model.get_base_model() if is_peft(self.model) else self.model
+            self.critic = Critic(base).to(self.device)
+            self.critic_optimizer = self._adam(list(self.critic.parameters()), config.ppo.critic_lr or config.optim.lr)
+
+    def _adam(self, parameters: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+        optim = self.config.optim
+        return torch.optim.AdamW(parameters, lr=lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay)
+
+    def _build_generator(self) -> Any:
+        config = self.config
+        sampling = SamplingParams(config.rollout.max_new_tokens, config.rollout.temperature, config.rollout.top_p)
+        if config.rollout.backend == "hf":
+            from rl_llm.agents.hf import HFPolicy
+
+            # Share the trainer's module (the LoRA-injected base model under peft): no copy, no sync traffic.
+            module = self.model.get_base_model() if is_peft(self.model) else self.model
+            return HFPolicy(module, self.tokenizer, sampling=sampling, max_batch_size=config.rollout.concurrency)
+        vllm = config.rollout.vllm
+        if vllm.mode == "colocate":
+            from rl_llm.agents.vllm_backend import VLLMPolicy
+
+            return VLLMPolicy(
+                self.model_path, sampling=sampling, async_engine=False, seed=config.seed,
+                gpu_memory_utilization=vllm.gpu_memory_utilization, enable_sleep_mode=vllm.sleep,
+                max_model_len=vllm.max_model_len, dtype=config.model.dtype,
+            )  # fmt: skip
+        import os
+
+        from rl_llm.agents.vllm_backend import VLLMServerPolicy
+
+        os.environ.setdefault("VLLM_SERVER_DEV_MODE", "1")  # exposes /collective_rpc for the NCCL weight sync
+        return VLLMServerPolicy.launch(
+            self.model_path, server_args=["--worker-extension-cls", "rl_llm.trainers.sync.WeightReceiver"],
+            sampling=sampling, tokenizer=self.tokenizer,
+        )  # fmt: skip
+
+    # -- the steps of a loop ------------------------------------------------------------------------------
+    def collect(self) -> list[Trajectory]:
+        """``group_size`` episodes for each of ``prompts_per_step`` new training tasks, with the current weights;
+        the generator then frees its memory for the update (vLLM sleep mode)."""
+        rollout = self.config.rollout
+        seeds = list(range(self.next_seed, self.next_seed + rollout.prompts_per_step))
+        self.next_seed += rollout.prompts_per_step
+        self.sync.before_rollout()
+        trajectories = collect(self.make_env, self.generator, seeds, rollout.group_size,
+                               max_new_tokens=rollout.max_new_tokens, concurrency=rollout.concurrency)  # fmt: skip
+        self.sync.before_update()
+        return trajectories
+
+    def score(self, trajectories: list[Trajectory]) -> TrainBatch:
+        """The training batch: usable episodes (no error, some policy tokens), scored by their return after
+        the OTC transform, down-sampled by PODS, padded and moved to the training device."""
+        usable = [t for t in trajectories if t.error is None and t.num_policy_tokens > 0]
+        self.dropped = len(trajectories) - len(usable)
+        if not usable:
+            errors = sorted({t.error or "no policy tokens" for t in trajectories})
+            raise RuntimeError(f"no usable episode among {len(trajectories)} this step; errors: {errors[:3]}")
+        scores = [t.total_reward for t in usable]
+        task_ids = [t.task_id for t in usable]
+        if self.otc is not None:
+            calls = [int(t.metrics.get(self.config.otc.metric, 0)) for t in usable]
+            scores = self.otc(scores, calls, task_ids)
+        if self.config.rollout.pods_keep is not None:
+            keep = pods_select(scores, task_ids, self.config.rollout.pods_keep)
+            usable, scores = [usable[i] for i in keep], [scores[i] for i in keep]
+        return collate(usable, self.tokenizer.pad_token_id, scores).to(self.device)
+
+    @property
+    def reference_fn(self) -> Callable[..., torch.Tensor] | None:
+        return None if self.reference is None else self.reference.logprobs
+
+    def log_step(self, step: int, trajectories: Sequence[Trajectory], batch: TrainBatch, stats: dict[str, float],
+                 timer: StepTimer, progress: ProgressDisplay) -> None:
+        """Record the step, evaluate if due, checkpoint if due."""
+        self.step = step
+        metrics = rollout_metrics(trajectories, batch)
+        metrics.update({f"loss/{name}": value for name, value in stats.items()})
+        metrics["episode/dropped"] = float(self.dropped)
+        metrics.update(timer.metrics())
+        rollout_s = timer.seconds.get("rollout", 0.0)
+        metrics["throughput/policy_tokens_per_s"] = metrics["episode/policy_tokens_total"] / rollout_s if rollout_s else 0.0
+        metrics["policy_version"] = self.generator.policy_version
+        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+        every = self.config.eval.every
+        if every and step % every == 0 and step < self.config.steps:
+            metrics.update({f"eval/{k}": v for k, v in self.evaluate().means().items()})
+        self.metrics.log(step, metrics)
+        progress.update(step, metrics)
+        if step % self.config.log.checkpoint_every == 0 or step == self.config.steps:
+            self.save_checkpoint()
+
+    # -- checkpoints --------------------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        tensors: dict[str, Any] = {
+            "policy": trainable_state(self.model),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(self.shuffle),
+        }
+        if self.critic is not None:
+            tensors["critic"] = self.critic.state_dict()
+            tensors["critic_optimizer"] = self.critic_optimizer.state_dict()
+        state = {
+            "next_seed": self.next_seed,
+            "policy_version": self.generator.policy_version,
+            "otc_history": self.otc.state_dict() if self.otc else {},
+        }
+        return self.checkpointer.save(self.step, tensors, state)
+
+    def _restore(self, path: Path) -> None:
+        tensors, state = self.checkpointer.load(path, map_location=self.device)
+        _, unexpected = self.model.load_state_dict(tensors["policy"], strict=not is_peft(self.model))
+        if unexpected:
+            raise RuntimeError(f"checkpoint {path} does not fit the model: unexpected keys {unexpected[:5]}")
+        self.optimizer.load_state_dict(tensors["optimizer"])
+        self.scheduler.load_state_dict(tensors["scheduler"])
+        if self.critic is not None:
+            self.critic.load_state_dict(tensors["critic"])
+            self.critic_optimizer.load_state_dict(tensors["critic_optimizer"])
+        restore_rng_state(tensors["rng"], self.shuffle)
+        self.step = int(state["step"])
+        self.next_seed = int(state["next_seed"])
+        self._resumed_version = int(state["policy_version"])
+        if self.otc is not None:
+            self.otc.load_state_dict(state.get("otc_history", {}))
+
+    # -- evaluation and the end of a run ------------------------------------------------------------------
+    def evaluate(self) -> EvalResult:
+        config = self.config
+        seeds = list(range(config.eval.seed, config.eval.seed + config.eval.episodes))
+        return evaluate_llm(self.make_env, self.generator, seeds, config.eval.temperature,
+                            config.rollout.max_new_tokens, config.rollout.concurrency)  # fmt: skip
+
+    def evaluate_before(self) -> EvalResult:
+        """The untrained policy on the held-out seeds, computed once and kept in the run dir for resumes."""
+        path = self.run_dir / "eval_before.json"
+        if path.exists():
+            return EvalResult.load(path)
+        if self.step > 0:
+            raise RuntimeError(f"{path} is missing but the run resumes at step {self.step}; cannot re-measure it")
+        result = self.evaluate()
+        result.save(path)
+        return result
+
+    def progress(self) -> ProgressDisplay:
+        return ProgressDisplay(self.config.steps, self.step, enabled=self.config.log.progress)
+
+    def finish(self, before: EvalResult, started: float) -> dict[str, Any]:
+        """Evaluate the trained policy, compare with the untrained one and the baselines, write the summary."""
+        config = self.config
+        after = self.evaluate()
+        baselines = evaluate_baselines(config, config.eval.baselines)
+        rows = {"untrained policy": before, f"trained ({config.algorithm}, {self.step} steps)": after, **baselines}
+        print_comparison(f"{config.env.id}: {config.eval.episodes} held-out seeds from {config.eval.seed}", rows)
+        records = read_metrics(self.metrics.path)
+        if config.log.plot:
+            plot_curves(records, self.run_dir / "curves.png", title=f"{config.algorithm} on {config.env.id}")
+            plot_comparison(rows, self.run_dir / "comparison.png", title=config.env.id)
+        summary = {
+            "env_id": config.env.id,
+            "algorithm": config.algorithm,
+            "steps": self.step,
+            "return_before": before.mean("return"),
+            "return_after": after.mean("return"),
+            "baseline_random": baselines["random"].mean("return") if "random" in baselines else math.nan,
+            "eval_seeds": [config.eval.seed, config.eval.seed + config.eval.episodes - 1],
+            "before": before.means(),
+            "after": after.means(),
+            "baselines": {name: result.means() for name, result in baselines.items()},
+            "model_path": str(self.model_path),
+            "resumed_from_step": self.resumed_from,
+            "wall_time_s": time.perf_counter() - started,
+            "run_dir": str(self.run_dir),
+            "config": asdict(config),
+        }
+        if "regret" in after.values:
+            summary["regret_before"], summary["regret_after"] = before.mean("regret"), after.mean("regret")
+        write_text_atomic(self.run_dir / "summary.json", _json(summary))
+        self.export_model()
+        return summary
+
+    def export_model(self) -> Path:
+        """The trained policy as a Hugging Face directory (LoRA merged) next to the logs."""
+        target = self.run_dir / "model"
+        model = self.model.merge_and_unload() if is_peft(self.model) else self.model
+        model.save_pretrained(target)
+        self.tokenizer.save_pretrained(target)
+        return target
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.sync.close()
+        self.generator.close()
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory], batch: TrainBatch) -> dict[str, float]:
+    returns = np.array([t.total_reward for t in trajectories], dtype=np.float64)
+    turns = [turn for t in trajectories for turn in t.turns]
+    groups: dict[int, list[float]] = {}
+    for group, score in zip(batch.group_ids.tolist(), batch.scores.tolist(), strict=True):
+        groups.setdefault(group, []).append(score)
+    metrics = {
+        "reward/mean": float(returns.mean()),
+        "reward/std": float(returns.std()),
+        "reward/min": float(returns.min()),
+        "reward/max": float(returns.max()),
+        "score/mean": float(batch.scores.mean()),
+        "groups/zero_std_frac": float(np.mean([np.ptp(v) == 0 for v in groups.values()])),
+        "episode/turns_mean": len(turns) / len(trajectories),
+        "episode/invalid_action_frac": float(np.mean([t.invalid_action for t in turns])) if turns else 0.0,
+        "episode/policy_tokens_mean": batch.num_policy_tokens / len(batch),
+        "episode/policy_tokens_total": float(sum(t.num_policy_tokens for t in trajectories)),
+        "episode/sequence_length_mean": float(batch.attention_mask.sum(dim=1).float().mean()),
+        "episode/trained": float(len(batch)),
+    }
+    names = sorted({name for t in trajectories for name in t.metrics})
+    for name in names:
+        metrics[f"env/{name}"] = float(np.mean([t.metrics.get(name, math.nan) for t in trajectories]))
+    return metrics
+
+
+def _json(record: dict[str, Any]) -> str:
+    def clean(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        return value
+
+    return json.dumps(clean(record), indent=2)
