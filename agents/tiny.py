@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from rl_llm.paths import cache_dir
+
 logger = logging.getLogger(__name__)
 
 # Bump when the build recipe changes, so cached models built by an older recipe are rebuilt.
@@ -58,10 +60,6 @@ class TinyModelSpec:
     max_position_embeddings: int = 8192
     seed: int = 0
     build_version: int = BUILD_VERSION
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("RL_LLM_CACHE") or Path.home() / ".cache" / "rl-llm")
 
 
 def default_tiny_model_path(architecture: str = "qwen2") -> Path:

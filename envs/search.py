@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,18 @@ MAX_QUERY_CHARS = 1000
 MAX_BLOCKS_SCANNED = 64
 
 
-@functools.lru_cache(maxsize=16)
+_INDEX_LOCK = threading.Lock()
+
+
 def _shared_bm25(corpus_key: tuple[Any, ...], cache_dir: str) -> BM25Retriever:
-    """One BM25 index per corpus and process, shared by every environment instance."""
+    """One BM25 index per corpus and process, shared by every environment instance (built once even when
+    many envs start at the same time in threads)."""
+    with _INDEX_LOCK:
+        return _load_bm25(corpus_key, cache_dir)
+
+
+@functools.lru_cache(maxsize=16)
+def _load_bm25(corpus_key: tuple[Any, ...], cache_dir: str) -> BM25Retriever:
     passages = bundled_kb(corpus_key[1]).passages if corpus_key[0] == "bundled" else load_corpus(corpus_key[1])
     return BM25Retriever(passages, cache_dir=cache_dir)
 

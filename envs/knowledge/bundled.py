@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,9 +51,18 @@ def write_bundle(directory: Path, seed: int) -> None:
     (directory / "COMPLETE").write_text(f"seed={seed} format={KB_FORMAT}\n")
 
 
-@functools.lru_cache(maxsize=8)
+_BUILD_LOCK = threading.Lock()
+
+
 def bundled_kb(seed: int = 0, cache_dir: str | None = None) -> Bundle:
-    """The bundled set for ``seed`` (generated and cached on first use)."""
+    """The bundled set for ``seed`` (generated and cached on first use; envs starting together in threads
+    wait for one build instead of racing)."""
+    with _BUILD_LOCK:
+        return _bundled_kb(seed, cache_dir)
+
+
+@functools.lru_cache(maxsize=8)
+def _bundled_kb(seed: int, cache_dir: str | None) -> Bundle:
     directory = Path(cache_dir or default_cache_dir()) / f"kb-v{KB_FORMAT}-seed{seed}"
     if not (directory / "COMPLETE").exists():
         write_bundle(directory, seed)

@@ -9,10 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rl_llm.paths import cache_dir
 
 
 @dataclass(frozen=True)
@@ -123,11 +126,16 @@ def write_jsonl(records: Iterable[dict[str, Any]], path: str | os.PathLike[str])
     """Write records atomically (a temporary file renamed into place), so readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    with partial.open("w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-    partial.replace(path)
+    # A unique name per writer: threads of one process (several envs starting at once) must not share it.
+    descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    partial = Path(name)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            for record in records:
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
     return path
 
 
@@ -143,7 +151,5 @@ def corpus_fingerprint(passages: Sequence[Passage], *extra: object) -> str:
 
 
 def default_cache_dir() -> Path:
-    """``$RL_LLM_CACHE`` or ``$XDG_CACHE_HOME/rl_llm`` (``~/.cache/rl_llm``)."""
-    if os.environ.get("RL_LLM_CACHE"):
-        return Path(os.environ["RL_LLM_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rl_llm"
+    """The package cache (``$RL_LLM_CACHE`` or ``~/.cache/rl-llm``; see ``rl_llm.paths``)."""
+    return cache_dir()

@@ -117,7 +117,7 @@ class DenseRetriever:
             raise ValueError(f"embed returned {self.matrix.shape[0]} rows for {len(self.passages)} passages")
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(f".{path.stem}.{os.getpid()}.npy")
+            partial = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.npy")
             np.save(partial, self.matrix)
             partial.replace(path)
             self.matrix = np.load(path, mmap_mode="r")

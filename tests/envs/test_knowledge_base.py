@@ -3,10 +3,12 @@ really needed (checked with the real BM25 index, not only by construction)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rl_llm.envs.knowledge import TOOL_TASK_KINDS, bundled_kb, generate_kb, search_questions, tool_tasks
-from rl_llm.envs.knowledge.bundled import SEARCH_QUESTIONS_PER_HOPS
+from rl_llm.envs.knowledge.bundled import SEARCH_QUESTIONS_PER_HOPS, _bundled_kb
 from rl_llm.envs.qa_scoring import normalize_answer
 from rl_llm.envs.retrieval import BM25Retriever
 from rl_llm.envs.tools import calculate
@@ -47,7 +49,7 @@ def test_bundled_set_has_the_documented_hop_counts_and_is_cached(bundle, tmp_pat
     assert len({q.question for q in bundle.search_questions}) == len(bundle.search_questions)
     assert all(len(q.oracle_queries) == q.optimal_tool_calls for q in bundle.search_questions)
     assert (bundle.directory / "COMPLETE").exists() and bundle.corpus_path.exists()
-    reloaded = bundled_kb.__wrapped__(0, str(bundle.directory.parent))  # read back from the cached files
+    reloaded = _bundled_kb.__wrapped__(0, str(bundle.directory.parent))  # read back from the cached files
     assert reloaded.passages == bundle.passages
     assert [q.to_json() for q in reloaded.search_questions] == [q.to_json() for q in bundle.search_questions]
     assert [t.to_json() for t in reloaded.tool_tasks] == [t.to_json() for t in bundle.tool_tasks]
@@ -102,3 +104,21 @@ def test_question_generation_rejects_bad_hop_counts() -> None:
 
         _tool_task(generate_kb(0), __import__("numpy").random.default_rng(0), "nope")
     assert len(tool_tasks(generate_kb(0), 2)) == 2 * len(TOOL_TASK_KINDS)
+
+
+def test_envs_starting_together_on_a_fresh_cache_share_one_build(tmp_path: Path) -> None:
+    # Regression: threads of one process used the same temporary file name and the second rename failed.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rl_llm.envs.retrieval.corpus import load_corpus, write_jsonl
+
+    with ThreadPoolExecutor(8) as pool:
+        bundles = list(pool.map(lambda _: bundled_kb(1, str(tmp_path)), range(8)))
+    assert len({id(bundle) for bundle in bundles}) == 1
+    assert len(bundles[0].passages) > 0
+
+    records = [{"id": str(i), "title": "t", "text": "x" * 100} for i in range(200)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: write_jsonl(records, tmp_path / "corpus.jsonl"), range(16)))
+    assert len(load_corpus(tmp_path / "corpus.jsonl")) == 200
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")] == []
