@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from rich.table import Table
 
 from rl_llm.agents.policy import Policy
 from rl_llm.types import Message, Trajectory
@@ -137,6 +138,26 @@ def summarize(records: list[EpisodeRecord]) -> dict[str, tuple[float, float]]:
     for name in sorted({name for record in records for name in record.metrics}):
         summary[name] = mean_ci95(record.metrics.get(name, math.nan) for record in records)
     return summary
+
+
+def summary_table(
+    title: str, summaries: dict[str, dict[str, tuple[float, float]]], columns: Sequence[str] | None = None
+) -> Table:
+    """A rich table: one row per agent, one column per figure (all by default), each as mean ± 95% half-width."""
+    names = list(columns) if columns is not None else list(
+        dict.fromkeys(name for summary in summaries.values() for name in summary)
+    )
+    table = Table(title=title)
+    table.add_column("agent")
+    for name in names:
+        table.add_column(name, justify="right")
+    for agent, summary in summaries.items():
+        cells = []
+        for name in names:
+            mean, half = summary.get(name, (math.nan, math.nan))
+            cells.append(f"{mean:.3f}" + ("" if math.isnan(half) else f" ± {half:.3f}"))
+        table.add_row(agent, *cells)
+    return table
 
 
 def write_jsonl(records: list[EpisodeRecord], path: str | Path, **extra: Any) -> Path:

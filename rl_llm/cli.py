@@ -103,18 +103,9 @@ def cmd_play(args: argparse.Namespace) -> int:
 
 def print_summary(title: str, summaries: dict[str, dict[str, tuple[float, float]]]) -> None:
     """One row per agent, one column per figure, each as mean ± 95% half-width."""
-    names = list(dict.fromkeys(name for summary in summaries.values() for name in summary))
-    table = Table(title=title)
-    table.add_column("agent")
-    for name in names:
-        table.add_column(name, justify="right")
-    for agent, summary in summaries.items():
-        cells = []
-        for name in names:
-            mean, half = summary.get(name, (float("nan"), float("nan")))
-            cells.append(f"{mean:.3f}" + ("" if half != half else f" ± {half:.3f}"))
-        table.add_row(agent, *cells)
-    console.print(table)
+    from rl_llm.agents.evaluate import summary_table
+
+    console.print(summary_table(title, summaries))
 
 
 def cmd_tournament(game: str, args: argparse.Namespace) -> int:

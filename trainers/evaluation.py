@@ -11,10 +11,9 @@ from typing import Any
 
 import gymnasium as gym
 from rich.console import Console
-from rich.table import Table
 
 from rl_llm.agents.baselines import baselines_for, make_baseline
-from rl_llm.agents.evaluate import mean_ci95, run_episodes
+from rl_llm.agents.evaluate import mean_ci95, run_episodes, summary_table
 from rl_llm.agents.rollout import collect
 from rl_llm.trainers.checkpoint import write_text_atomic
 
@@ -84,14 +83,5 @@ def evaluate_baselines(config: Any, names: Sequence[str]) -> dict[str, EvalResul
 def print_comparison(title: str, rows: dict[str, EvalResult], console: Console | None = None) -> None:
     """Mean ± 95% half-width of the return and the main env metrics, one row per agent."""
     columns = ["return"] + [m for m in TABLE_METRICS if all(m in r.values for r in rows.values())]
-    table = Table(title=title)
-    table.add_column("agent")
-    for column in columns:
-        table.add_column(column, justify="right")
-    for agent, result in rows.items():
-        cells = []
-        for column in columns:
-            mean, half = result.ci95(column)
-            cells.append(f"{mean:.3f}" + ("" if math.isnan(half) else f" ± {half:.3f}"))
-        table.add_row(agent, *cells)
-    (console or Console()).print(table)
+    summaries = {agent: {column: result.ci95(column) for column in columns} for agent, result in rows.items()}
+    (console or Console()).print(summary_table(title, summaries, columns))
