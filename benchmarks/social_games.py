@@ -43,15 +43,17 @@ def time_parallel(game: str, games: int) -> tuple[float, int]:
 
 
 def time_aec(game: str, games: int) -> float:
-    """Seconds per cycle: one action from every agent."""
+    """Seconds per cycle: one action from every agent (the steps that remove finished agents are timed but
+    are not actions)."""
     env = load(game).env()
     actions, start = 0, time.perf_counter()
     for seed in range(games):
         env.reset(seed=seed)
         for agent in env.agent_iter():
             _, _, terminated, truncated, _ = env.last()
-            env.step(None if terminated or truncated else action_for(game, agent))
-            actions += 1
+            done = terminated or truncated
+            env.step(None if done else action_for(game, agent))
+            actions += not done
     return (time.perf_counter() - start) / (actions / 2)
 
 

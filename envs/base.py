@@ -76,8 +76,9 @@ class TextEnv(gym.Env[str, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         self._turn = 0
-        self._episode_over = False
+        self._episode_over = True  # until the new episode is set up: a failed _reset leaves none to step
         task = self._reset(dict(options or {}))
+        self._episode_over = False
         self._transcript = [("system", task.system_prompt), ("user", task.observation)]
         info = {"system_prompt": task.system_prompt, "task_id": task.task_id, "stop": list(self.stop), **task.info}
         if self.render_mode == "human":

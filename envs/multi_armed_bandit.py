@@ -95,6 +95,8 @@ class MultiArmedBanditEnv(BanditEnv):
         array = np.asarray(means, dtype=np.float64)
         if array.shape != (self.num_arms,):
             raise ValueError(f"means must have {self.num_arms} entries, got shape {array.shape}")
+        if not np.isfinite(array).all():
+            raise ValueError(f"means must be finite numbers, got {array.tolist()}")
         if self.distribution == "bernoulli" and not ((array >= 0) & (array <= 1)).all():
             raise ValueError("Bernoulli means must lie in [0, 1]")
         return array

@@ -114,7 +114,7 @@ def _bare_json_objects(text: str, limit: int) -> list[str]:
             break
         try:
             _, end = decoder.raw_decode(text, match.start())
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # the parse below reports what is wrong
             found.append(text[match.start() :])
             break
         found.append(text[match.start() : end])
@@ -123,10 +123,13 @@ def _bare_json_objects(text: str, limit: int) -> list[str]:
 
 
 def _parse_tool_call_json(block: str) -> ToolCall:
+    # json raises RecursionError (not JSONDecodeError) on deeply nested arrays or objects.
     try:
         payload = json.loads(block)
     except json.JSONDecodeError as exc:
         return ToolCall(name="", error=f"tool call is not valid JSON ({exc.msg} at position {exc.pos})")
+    except RecursionError:
+        return ToolCall(name="", error="tool call is not valid JSON (nested too deeply)")
     if not isinstance(payload, dict):
         return ToolCall(name="", error="tool call must be a JSON object with 'name' and 'arguments'")
     # Accept the OpenAI wire form {"type": "function", "function": {...}} as well.
@@ -141,6 +144,8 @@ def _parse_tool_call_json(block: str) -> ToolCall:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError as exc:
             return ToolCall(name=name, error=f"'arguments' is not valid JSON ({exc.msg})")
+        except RecursionError:
+            return ToolCall(name=name, error="'arguments' is not valid JSON (nested too deeply)")
     if not isinstance(arguments, dict):
         return ToolCall(name=name, error="'arguments' must be a JSON object")
     return ToolCall(name=name, arguments=arguments)

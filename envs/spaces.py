@@ -29,8 +29,10 @@ class UnicodeText(Text):
     def sample(self, mask: Any = None, probability: Any = None) -> str:
         if mask is not None or probability is not None:
             return super().sample(mask=mask, probability=probability)
-        # Short samples keep check_env fast; the fuzz tests cover long and hostile strings.
-        length = int(self.np_random.integers(self.min_length, min(self.max_length, 64) + 1))
+        # Short samples keep check_env fast (at most 64 characters unless min_length asks for more); the fuzz
+        # tests cover long and hostile strings.
+        longest = max(self.min_length, min(self.max_length, 64))
+        length = int(self.np_random.integers(self.min_length, longest + 1))
         chars = self.np_random.choice(len(self.character_list), size=length)
         return "".join(self.character_list[i] for i in chars)
 

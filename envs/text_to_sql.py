@@ -82,7 +82,8 @@ class TextToSQLEnv(TextEnv):
     - ``query_timeout_s`` (5.0), ``gold_timeout_s`` (30.0), ``max_result_rows`` (10000), ``max_result_bytes``
       (8 MiB), ``display_rows`` (50), ``display_chars`` (9000), ``float_tolerance`` (1e-6).
     - ``cache_gold_results`` (True): gold results are computed once per task and process.
-    - ``generated_databases`` (12), ``generator_seed`` (0), ``generated_dir`` (None: a shared temp folder).
+    - ``generated_databases`` (12), ``generator_seed`` (0), ``generated_dir`` (None: ``sql-generated`` in
+      rl-llm's cache folder, ``$RL_LLM_CACHE`` or ``~/.cache/rl-llm``).
     - Per episode: ``reset(options={"task_index": i})`` picks a task exactly; otherwise the seed picks one.
       ``len(env.unwrapped.tasks)`` is the number of tasks.
 

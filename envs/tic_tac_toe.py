@@ -6,14 +6,14 @@ from functools import cache
 from typing import Any
 
 from rl_llm.envs.base import Outcome, Task, TextEnv
-from rl_llm.envs.parsing import extract_tag
 from rl_llm.envs.tictactoe_rules import (
     CELL_NAMES,
     EMPTY_BOARD,
+    HOW_TO_PLAY,
     legal_moves,
     optimal_moves,
-    parse_cell,
     play,
+    read_move,
     render_board,
     winner,
 )
@@ -86,7 +86,9 @@ class TicTacToeEnv(TextEnv):
             raise ValueError(f"opponent_skill must be in [0, 1], got {opponent_skill}")
         if max_illegal_moves < 0:
             raise ValueError(f"max_illegal_moves must be >= 0, got {max_illegal_moves}")
-        super().__init__(max_turns=max_turns or 5 * (max_illegal_moves + 1), render_mode=render_mode)
+        if max_turns is None:
+            max_turns = 5 * (max_illegal_moves + 1)
+        super().__init__(max_turns=max_turns, render_mode=render_mode)
         self.agent_mark_arg = agent_mark
         self.opponent = opponent
         skill = OPPONENTS[opponent]
@@ -111,9 +113,7 @@ class TicTacToeEnv(TextEnv):
             opening = self._opponent_move()
         system_prompt = (
             f"You are playing tic-tac-toe as {self.agent_mark} against an opponent playing {self.opponent_mark}. "
-            "X moves first. Get three of your marks in a row, column or diagonal to win. Cells are named by "
-            "row letter (A-C, top to bottom) and column number (1-3, left to right). Each turn, answer with "
-            "your move inside <move></move>, for example <move>B2</move>."
+            f"{HOW_TO_PLAY} Each turn, answer with your move inside <move></move>, for example <move>B2</move>."
         )
         task_id = f"TicTacToe-{self.agent_mark}-{self.opponent}{self.opponent_skill:g}-{episode_seed}"
         return Task(observation=self._observation(opening), task_id=task_id, system_prompt=system_prompt)
@@ -139,10 +139,9 @@ class TicTacToeEnv(TextEnv):
         }
 
     def _step(self, action: str) -> Outcome:
-        content = extract_tag(action, "move", last=True)
-        cell = None if content is None else parse_cell(content)
-        if cell is None or self.board[cell] != ".":
-            return self._illegal(content, cell)
+        cell, reason = read_move(action, self.board)
+        if cell is None:
+            return self._illegal(reason)
         self.illegal_streak = 0
         self.moves += 1
         self.board = play(self.board, cell, self.agent_mark)
@@ -158,15 +157,9 @@ class TicTacToeEnv(TextEnv):
         final = f"{message}\n{render_board(self.board)}\n{verdict}".lstrip()
         return Outcome(final, {"outcome": outcome}, terminated=True, metrics=self._metrics(result))
 
-    def _illegal(self, content: str | None, cell: int | None) -> Outcome:
+    def _illegal(self, reason: str) -> Outcome:
         self.illegal_moves += 1
         self.illegal_streak += 1
-        if content is None:
-            reason = "No move found: put your move inside <move></move>, for example <move>B2</move>."
-        elif cell is None:
-            reason = f"'{content[:40]}' is not a cell: use a row letter and column number such as B2."
-        else:
-            reason = f"{CELL_NAMES[cell]} is already taken."
         rewards = {"outcome": 0.0, "illegal_move": -self.illegal_move_penalty}
         if self.illegal_streak > self.max_illegal_moves:
             rewards["outcome"] = -1.0

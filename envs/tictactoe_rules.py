@@ -13,7 +13,14 @@ from __future__ import annotations
 import re
 from functools import cache
 
+from rl_llm.envs.parsing import extract_tag
+
 EMPTY_BOARD = "." * 9
+# The rules as both tic-tac-toe environments state them to the players.
+HOW_TO_PLAY = (
+    "X moves first. Get three of your marks in a row, column or diagonal to win. Cells are named by row letter "
+    "(A-C, top to bottom) and column number (1-3, left to right)."
+)
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 ROWS = "ABC"
 CELL_NAMES = tuple(f"{row}{col}" for row in ROWS for col in "123")
@@ -68,6 +75,20 @@ def parse_cell(text: str) -> int | None:
     if match := _ROW_COL.fullmatch(text):
         return (int(match[1]) - 1) * 3 + int(match[2]) - 1
     return None
+
+
+def read_move(action: str, board: str) -> tuple[int | None, str | None]:
+    """The cell of the last ``<move>...</move>`` in a player's turn: ``(cell, None)`` when that cell is free
+    on ``board``, else ``(None, reason)`` with a sentence telling the player what is wrong."""
+    content = extract_tag(action, "move", last=True)
+    if content is None:
+        return None, "No move found: put your move inside <move></move>, for example <move>B2</move>."
+    cell = parse_cell(content)
+    if cell is None:
+        return None, f"{content[:40]!r} is not a cell: use a row letter and column number such as B2."
+    if board[cell] != ".":
+        return None, f"{CELL_NAMES[cell]} is already taken."
+    return cell, None
 
 
 @cache

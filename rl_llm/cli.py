@@ -12,6 +12,7 @@ from typing import Any
 import gymnasium as gym
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import rl_llm
@@ -166,7 +167,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print_summary(title, {args.agent: summarize(records)})
     failed = [record for record in records if record.error]
     if failed:
-        console.print(f"[yellow]{len(failed)} episode(s) ended on an error[/yellow], e.g. {failed[0].error}")
+        console.print(f"[yellow]{len(failed)} episode(s) ended on an error[/yellow], e.g. {escape(failed[0].error)}")
     write_jsonl(records, out, env_id=env_id, agent=args.agent)
     try:
         plot = plot_records(records, out.with_suffix(".png"), title=f"{args.agent} on {env_id}")
@@ -258,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, ImportError) as error:  # a clear message, not a traceback
-        console.print(f"[red]error:[/red] {error}", markup=True)
+        console.print(f"[red]error:[/red] {escape(str(error))}")
         return 2
 
 

@@ -41,6 +41,7 @@ def test_eval_prints_a_table_and_writes_one_jsonl_line_per_episode(tmp_path: Pat
     (("eval", "NoSuchEnv", "--agent", "ucb"), "unknown environment"),
     (("eval", "TicTacToe", "--agent", "ucb"), "unknown baseline 'ucb'"),
     (("eval", "TicTacToe", "--agent", "minimax", "-k", "novalue"), "KEY=VALUE"),
+    (("eval", "TicTacToe", "--agent", "[/x]"), "unknown baseline '[/x]'"),  # not read as rich markup
 ])
 def test_bad_command_lines_fail_with_a_specific_message(args: tuple[str, ...], message: str) -> None:
     result = rl_llm(*args)

@@ -8,13 +8,13 @@ from typing import Any
 
 import gymnasium as gym
 
-from rl_llm.agents.policy import Completion, Policy
+from rl_llm.agents.policy import TextPolicy
 from rl_llm.types import Message
 
 PROBE_QUERY = "SELECT name FROM sqlite_master WHERE type = 'table'"
 
 
-class OracleSQL(Policy):
+class OracleSQL(TextPolicy):
     """Submits the task's gold query as ``<solution>`` in its first turn."""
 
     name = "oracle"
@@ -43,9 +43,6 @@ class OracleSQL(Policy):
     def respond(self, conversation: Sequence[Message]) -> str:
         gold = self._gold[self._episode_key(conversation)]
         return f"<think>The question asks for exactly this query.</think>\n<solution>{gold}</solution>"
-
-    def act(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
-        return [Completion(self.respond(conversation)) for conversation in conversations]
 
 
 class SchemaProbeSQL(OracleSQL):

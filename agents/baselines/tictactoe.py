@@ -32,14 +32,15 @@ class TicTacToePolicy(TextPolicy):
         choices = self.candidates(board)
         return f"<move>{CELL_NAMES[choices[self.rng.integers(len(choices))]]}</move>"
 
-    def candidates(self, board: str) -> list[int] | tuple[int, ...]:
+    def candidates(self, board: str) -> tuple[int, ...]:
+        """The moves to choose from (uniformly) on ``board``."""
         raise NotImplementedError
 
 
 class RandomMove(TicTacToePolicy):
     name = "random"
 
-    def candidates(self, board: str) -> list[int]:
+    def candidates(self, board: str) -> tuple[int, ...]:
         return legal_moves(board)
 
 

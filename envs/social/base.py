@@ -194,15 +194,17 @@ class SocialEnv(TwoPlayerTextGame, ParallelEnv[str, str, str]):
         if not self.agents:
             raise RuntimeError(f"{type(self).__name__}: the game has ended (or never started); call reset()")
         _, active = self._phase()
-        invalid = dict.fromkeys(AGENTS, False)
-        for agent in active:
-            if agent in self._locked:
-                continue
+        waiting = [agent for agent in active if agent not in self._locked]
+        # Every action is checked before any is played, so a rejected call changes nothing.
+        for agent in waiting:
             if agent not in actions:
                 raise ValueError(f"{type(self).__name__}: no action for active agent {agent!r}")
+            if not isinstance(actions[agent], str):
+                kind = type(actions[agent]).__name__
+                raise TypeError(f"{type(self).__name__}: an action is one LLM turn as str, got {kind}")
+        invalid = dict.fromkeys(AGENTS, False)
+        for agent in waiting:
             text = actions[agent]
-            if not isinstance(text, str):
-                raise TypeError(f"{type(self).__name__}: an action is one LLM turn as str, got {type(text).__name__}")
             self._transcript.append(f"[{agent}]\n{truncate_middle(text, TRANSCRIPT_ACTION_CHARS)}")
             action, reason = self._parse(agent, text)
             if reason is None:

@@ -8,7 +8,7 @@ from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils.conversions import turn_based_aec_to_parallel
 from pettingzoo.utils.wrappers import OrderEnforcingWrapper
 
-from rl_llm.envs.parsing import extract_tag, truncate_middle
+from rl_llm.envs.parsing import truncate_middle
 from rl_llm.envs.social.base import (
     AGENTS,
     TRANSCRIPT_ACTION_CHARS,
@@ -20,18 +20,18 @@ from rl_llm.envs.social.base import (
 from rl_llm.envs.tictactoe_rules import (
     CELL_NAMES,
     EMPTY_BOARD,
+    HOW_TO_PLAY,
     legal_moves,
-    parse_cell,
     play,
+    read_move,
     render_board,
     winner,
 )
 
 MARKS = {AGENTS[0]: "X", AGENTS[1]: "O"}
 RULES = (
-    "You are playing tic-tac-toe against another player. X moves first. Get three of your marks in a row, "
-    "column or diagonal to win. Cells are named by row letter (A-C, top to bottom) and column number (1-3, "
-    "left to right). On your turn, answer with your move inside <move></move>, for example <move>B2</move>."
+    f"You are playing tic-tac-toe against another player. {HOW_TO_PLAY} On your turn, answer with your move "
+    "inside <move></move>, for example <move>B2</move>."
 )
 
 
@@ -125,24 +125,22 @@ class raw_env(TwoPlayerTextGame, AECEnv[str, str, str]):  # lower-case: PettingZ
         self._cumulative_rewards[agent] = 0.0
         self.rewards = dict.fromkeys(self.agents, 0.0)
         self._transcript.append(f"[{agent}]\n{truncate_middle(action, TRANSCRIPT_ACTION_CHARS)}")
-        content = extract_tag(action, "move", last=True)
-        cell = None if content is None else parse_cell(content)
+        cell, reason = read_move(action, self.board)
         note = ""
-        if cell is None or self.board[cell] != ".":
+        if cell is None:
             self._invalid[agent] += 1
             self._streak[agent] += 1
             self.rewards[agent] = -self.illegal_move_penalty
-            reason = self._illegal_reason(content, cell)
             if self._streak[agent] <= self.max_retries:
                 left = self.max_retries - self._streak[agent] + 1
-                self._observations[agent] = (f"Illegal move: {reason} The board is unchanged ({plural(left, 'more illegal move')} "
+                self._observations[agent] = (f"Illegal move. {reason} The board is unchanged ({plural(left, 'more illegal move')} "
                                              f"and a random move is played for you).\n\n{self._board_text(agent)}")
                 self._finish_step(agent, invalid=True)
                 return
             choices = legal_moves(self.board)
             cell = int(choices[self.rng.integers(len(choices))])
             self._defaults[agent] += 1
-            note = f"Illegal move: {reason} Too many illegal moves: {CELL_NAMES[cell]} was played for you.\n\n"
+            note = f"Illegal move. {reason} Too many illegal moves: {CELL_NAMES[cell]} was played for you.\n\n"
         self._streak[agent] = 0
         self._moves[agent] += 1
         self.board = play(self.board, cell, MARKS[agent])
@@ -171,13 +169,6 @@ class raw_env(TwoPlayerTextGame, AECEnv[str, str, str]):  # lower-case: PettingZ
         self.infos = {player: self._info(player, invalid=invalid and player == agent) for player in self.agents}
         self._accumulate_rewards()
         self._echo()
-
-    def _illegal_reason(self, content: str | None, cell: int | None) -> str:
-        if content is None:
-            return "no move found: put your move inside <move></move>, for example <move>B2</move>."
-        if cell is None:
-            return f"{content[:40]!r} is not a cell: use a row letter and column number such as B2."
-        return f"{CELL_NAMES[cell]} is already taken."
 
     def _board_text(self, agent: str) -> str:
         lines = [render_board(self.board), f"You play {MARKS[agent]}."]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from rl_llm.envs.social.base import AGENTS, module_constructors, other
+from rl_llm.envs.social.base import AGENTS, module_constructors, other, points_text
 from rl_llm.envs.social.negotiation import Bundle, NegotiationEnv, format_bundle
 
 VARIANTS = ("classic", "rps")
@@ -120,8 +120,8 @@ class raw_env(NegotiationEnv):  # lower-case: PettingZoo's module convention
             stakes = (
                 f"Each round there are {self.quantity} coins. Each of you privately gets a different hand of rock, "
                 "paper or scissors (rock beats scissors, scissors beats paper, paper beats rock). Coins are worth "
-                f"{self.high_value:g} points each to the player with the winning hand and {self.low_value:g} "
-                "point each to the other. You only see your own hand."
+                f"{points_text(self.high_value)} each to the player with the winning hand and "
+                f"{points_text(self.low_value)} each to the other. You only see your own hand."
             )
             example = "<propose>5</propose>"
         else:

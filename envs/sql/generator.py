@@ -22,6 +22,7 @@ from typing import Any
 
 from rl_llm.envs.sql.database import QueryLimits, QueryResult, ReadOnlyDatabase
 from rl_llm.envs.sql.tasks import SqlTask
+from rl_llm.paths import cache_dir
 
 _CHECK_LIMITS = QueryLimits(timeout_s=10.0)
 # Bump when generated data changes, so cached files of an older version are not reused.
@@ -320,12 +321,13 @@ def raise_if_broken(result: QueryResult, sql: str) -> None:
 def generate_tasks(num_databases: int, seed: int = 0, directory: str | Path | None = None) -> list[SqlTask]:
     """Tasks on ``num_databases`` generated databases (domains in turn), written under ``directory``.
 
-    The default directory is shared by processes (files are written atomically and are the same for the same
-    seed), so parallel environments do not rebuild the same databases.
+    The default directory, ``sql-generated`` in rl-llm's cache folder (``rl_llm.paths.cache_dir``), is shared
+    by the user's processes (files are written atomically and are the same for the same seed), so parallel
+    environments do not rebuild the same databases.
     """
     if num_databases < 1:
         raise ValueError(f"num_databases must be at least 1, got {num_databases}")
-    root = Path(directory) if directory is not None else Path(tempfile.gettempdir()) / "rl_llm_sql_generated"
+    root = Path(directory) if directory is not None else cache_dir() / "sql-generated"
     tasks: list[SqlTask] = []
     for number in range(num_databases):
         domain = DOMAINS[number % len(DOMAINS)]

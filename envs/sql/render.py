@@ -11,6 +11,11 @@ from rl_llm.envs.sql.database import QueryLimits, QueryResult, ReadOnlyDatabase
 MAX_CELL_CHARS = 80
 
 
+def quote_identifier(name: str) -> str:
+    """A table name as a double-quoted SQL identifier (inner double quotes doubled), whatever it holds."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 def format_cell(value: Any) -> str:
     if value is None:
         return "NULL"
@@ -66,8 +71,7 @@ def describe_schema(database: ReadOnlyDatabase, sample_rows: int, limits: QueryL
     for name, create in statements.rows:
         text = (create or f"CREATE TABLE {name} (...)").strip().rstrip(";") + ";"
         if sample_rows > 0:
-            quoted = '"' + name.replace('"', '""') + '"'
-            sample = database.execute(f"SELECT * FROM {quoted} LIMIT {int(sample_rows)}", limits)
+            sample = database.execute(f"SELECT * FROM {quote_identifier(name)} LIMIT {int(sample_rows)}", limits)
             if sample.ok and sample.rows:
                 table, _ = format_rows(sample.columns, sample.rows, max_chars=4000)
                 table = table.replace("*/", "* /")  # a value must not close the comment
@@ -80,7 +84,6 @@ def schema_columns(database: ReadOnlyDatabase, limits: QueryLimits) -> dict[str,
     """Table -> column names, for attributing unqualified columns in schema-linking rewards."""
     columns: dict[str, list[str]] = {}
     for name in database.table_names():
-        quoted = '"' + name.replace('"', '""') + '"'
-        info = database.execute(f"PRAGMA table_info({quoted})", limits)
+        info = database.execute(f"PRAGMA table_info({quote_identifier(name)})", limits)
         columns[name] = [row[1] for row in info.rows]
     return columns

@@ -97,6 +97,7 @@ def load_spider_tasks(data_dir: str | Path, split: str = "dev") -> list[SqlTask]
     if not root.is_dir():
         raise FileNotFoundError(f"data_dir {root} is not a directory")
     tasks: list[SqlTask] = []
+    db_paths: dict[str, Path | None] = {}  # db_id -> its file: looked up once, not once per question
     missing: set[str] = set()
     for path in _question_files(root, split):
         records = json.loads(path.read_text(encoding="utf-8"))
@@ -104,7 +105,9 @@ def load_spider_tasks(data_dir: str | Path, split: str = "dev") -> list[SqlTask]
             raise ValueError(f"{path} must hold a JSON list of question records")
         for number, record in enumerate(records):
             db_id = record["db_id"]
-            db_path = _database_path(root, split, db_id)
+            if db_id not in db_paths:
+                db_paths[db_id] = _database_path(root, split, db_id)
+            db_path = db_paths[db_id]
             if db_path is None:
                 missing.add(db_id)
                 continue

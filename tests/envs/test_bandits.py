@@ -125,7 +125,8 @@ def test_gaussian_arms_pay_real_valued_rewards() -> None:
     [({"num_arms": 1}, "num_arms"), ({"num_arms": 27}, "num_arms"), ({"horizon": 0}, "horizon"),
      ({"distribution": "poisson"}, "distribution"), ({"history": "none"}, "history"),
      ({"reward_mode": "x"}, "reward_mode"), ({"means": [0.5, 2.0, 0.1, 0.1, 0.1]}, r"\[0, 1\]"),
-     ({"means": [0.5]}, "5 entries"), ({"distribution": "gaussian", "gap": 0.2}, "gap")],
+     ({"means": [0.5]}, "5 entries"), ({"distribution": "gaussian", "gap": 0.2}, "gap"),
+     ({"distribution": "gaussian", "means": [0.0, float("nan"), 1.0, 2.0, 3.0]}, "finite")],
 )
 def test_bad_arguments_get_specific_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -80,3 +80,15 @@ def test_malformed_tool_calls_carry_a_specific_error(text: str, error: str) -> N
 def test_tool_call_count_is_capped_one_past_the_limit() -> None:
     text = '<tool_call>{"name": "a"}</tool_call>' * 50
     assert len(parse_json_tool_calls(text, limit=16)) == 17
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [('<tool_call>{"name": "x", "arguments": ' + "[" * 100_000 + "</tool_call>", "tool call is not valid JSON"),
+     ('{"name": "x", "arguments": ' + "[" * 100_000, "tool call is not valid JSON"),
+     ('<tool_call>{"name": "x", "arguments": "' + "[" * 100_000 + '"}</tool_call>', "'arguments' is not valid JSON")],
+    ids=["in-tags", "bare", "arguments-string"],
+)
+def test_deeply_nested_json_is_a_malformed_call_not_a_recursion_error(text: str, error: str) -> None:
+    (call,) = parse_json_tool_calls(text)
+    assert call.error is not None and error in call.error and "nested too deeply" in call.error

@@ -102,6 +102,19 @@ def test_bad_step_inputs_get_clear_errors() -> None:
         env.step({P0: "<A>"})
 
 
+def test_a_rejected_step_plays_none_of_its_actions() -> None:
+    env = prisoners_dilemma_v0.parallel_env(num_rounds=1)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="no action for active agent"):
+        env.step({P0: "<A>"})
+    with pytest.raises(TypeError, match="as str"):
+        env.step(both("<A>", None))
+    _, rewards, *_ = env.step(both("<B>", "<B>"))
+    punishment = prisoners_dilemma_v0.PAYOFFS.punishment
+    assert rewards == {P0: punishment, P1: punishment}
+    assert f"[{P0}]\n<A>" not in env.unwrapped.transcript
+
+
 # -- the allocation rule and proposals ---------------------------------------------------------------------
 def test_allocation_keeps_proposals_that_fit_and_shares_in_proportion_otherwise() -> None:
     assert allocate(3, 4, 10) == (3.0, 4.0)
@@ -238,6 +251,13 @@ def test_rps_hands_differ_and_the_winning_hand_values_coins_high() -> None:
     loser = AGENTS[1 - AGENTS.index(winner)]
     observations, rewards, *_ = env.step({winner: "<propose>7</propose>", loser: "<propose>coins=6</propose>"})
     assert rewards[winner] == pytest.approx(10 * 70 / 13) and rewards[loser] == pytest.approx(60 / 13)
+
+
+def test_rps_rules_state_the_coin_values_in_words() -> None:
+    rules = tas.parallel_env(variant="rps", high_value=7.5, low_value=2).reset(seed=0)[0][P0]
+    assert "worth 7.5 points each to the player with the winning hand and 2 points each to the other" in rules
+    rules = tas.parallel_env(variant="rps").reset(seed=0)[0][P0]
+    assert "worth 10 points each to the player with the winning hand and 1 point each to the other" in rules
 
 
 def test_quote_prefixes_every_line() -> None:

@@ -293,6 +293,13 @@ def test_generation_is_deterministic_per_seed(tmp_path: Path) -> None:
     assert [t.question for t in first] != [t.question for t in other]
 
 
+def test_generated_databases_go_to_the_package_cache_by_default(tmp_path: Path, monkeypatch) -> None:
+    # Not a world-shared temp folder, where another user's files would be unreadable (or not theirs to trust).
+    monkeypatch.setenv("RL_LLM_CACHE", str(tmp_path))
+    tasks = make(dataset="generated", generated_databases=1).tasks
+    assert tasks and all(task.db_path.parent == tmp_path / "sql-generated" for task in tasks)
+
+
 # -- Spider / BIRD directories ---------------------------------------------------------------------------
 def _write_spider_dir(root: Path, layout: str) -> None:
     db_dir = root / ("database" if layout == "spider" else "dev_databases") / "shop"

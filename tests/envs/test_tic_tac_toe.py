@@ -9,7 +9,7 @@ import rl_llm  # noqa: F401
 from rl_llm.agents.baselines import make_baseline
 from rl_llm.agents.baselines.tictactoe import parse_board
 from rl_llm.agents.evaluate import run_episodes
-from rl_llm.envs.tictactoe_rules import CELL_NAMES, optimal_moves, parse_cell, winner
+from rl_llm.envs.tictactoe_rules import CELL_NAMES, optimal_moves, parse_cell, read_move, winner
 
 TTT = "rl-llm/TicTacToe-v0"
 
@@ -22,6 +22,14 @@ def test_all_coordinate_styles_name_the_centre(text: str) -> None:
 @pytest.mark.parametrize("text", ["D1", "A4", "0", "10", "2,4", "", "centre", "B 2 3"])
 def test_non_cells_are_rejected(text: str) -> None:
     assert parse_cell(text) is None
+
+
+def test_read_move_takes_the_last_tag_and_says_why_a_move_cannot_be_played() -> None:
+    board = "X" + "." * 8
+    assert read_move("<move>A2</move> no: <move>B2</move>", board) == (4, None)
+    assert read_move("B2", board)[1].startswith("No move found")
+    assert "'Z9' is not a cell" in read_move("<move>Z9</move>", board)[1]
+    assert read_move("<move>a1</move>", board) == (None, "A1 is already taken.")
 
 
 def test_winner_detects_lines_draws_and_open_games() -> None:
@@ -100,3 +108,25 @@ def test_mixed_opponent_strength_lies_between_random_and_minimax() -> None:
                             random_agent_losses(opponent="mixed", opponent_skill=0.5),
                             random_agent_losses(opponent="minimax"))
     assert weak < mixed < perfect
+
+
+def test_a_failed_reset_leaves_no_episode_to_step() -> None:
+    env = gym.make(TTT, agent_mark="X")
+    env.reset(seed=0)
+    env.step("<move>B2</move>")
+    with pytest.raises(ValueError, match="agent_mark"):
+        env.reset(seed=1, options={"agent_mark": "Z"})
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step("<move>A1</move>")
+    env.reset(seed=1)
+    assert not env.step("<move>B2</move>")[4]["invalid_action"]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"agent_mark": "Y"}, "agent_mark"), ({"opponent": "perfect"}, "opponent"),
+    ({"opponent_skill": 1.5}, "opponent_skill"), ({"max_illegal_moves": -1}, "max_illegal_moves"),
+    ({"max_turns": 0}, "max_turns"),
+])
+def test_bad_arguments_get_specific_errors(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        gym.make(TTT, **kwargs)
