@@ -68,9 +68,11 @@ def run_episodes(
     on_episode: Callable[[EpisodeRecord], None] | None = None,
 ) -> list[EpisodeRecord]:
     """Play ``episodes`` episodes, ``batch_size`` environments at a time, and return one record each."""
-    envs = [make_env() for _ in range(min(batch_size, episodes))]
+    envs: list[gym.Env] = []
     records: list[EpisodeRecord] = []
     try:
+        for _ in range(min(batch_size, episodes)):
+            envs.append(make_env())  # inside the try: if one cannot be built, those built are still closed
         next_episode = 0
         live: dict[int, dict[str, Any]] = {}  # slot -> episode state
 

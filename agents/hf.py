@@ -29,6 +29,13 @@ from transformers import (
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams, first_stop
 from rl_llm.agents.policy import Completion
 
+# transformers fills every generation setting left unset from the model's own generation_config (Qwen2.5
+# Instruct ships repetition_penalty=1.05, others min_p or no_repeat_ngram_size). Pinned here to their no-op
+# values, so tokens are drawn from softmax(logits / T) (then top-p / top-k) and the log-probs describe that.
+NEUTRAL_PROCESSORS = dict(
+    repetition_penalty=1.0, no_repeat_ngram_size=0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0
+)
+
 
 class HFPolicy(LLMPolicy):
     name = "hf"
@@ -87,17 +94,20 @@ class HFPolicy(LLMPolicy):
         prompt_length = input_ids.shape[1]
         criteria = StopStrings(self.tokenizer, prompt_length, [request.stop for request in requests], limits)
         params = self.sampling
+        sample = params.temperature > 0
         config = GenerationConfig(
             max_new_tokens=max(limits),
-            do_sample=params.temperature > 0,
-            temperature=params.temperature if params.temperature > 0 else None,
-            top_p=params.top_p if params.temperature > 0 else None,
-            top_k=params.top_k if params.temperature > 0 else None,
+            do_sample=sample,
+            temperature=params.temperature if sample else None,
+            top_p=params.top_p if sample else None,
+            top_k=params.top_k if sample else None,
+            min_p=0.0 if sample else None,
             eos_token_id=sorted(self.eos_ids),
             pad_token_id=self.pad_id,
             bos_token_id=None,
             output_logits=True,
             return_dict_in_generate=True,
+            **NEUTRAL_PROCESSORS,
         )
         was_training = self.model.training
         self.model.eval()

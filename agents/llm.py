@@ -75,12 +75,16 @@ class LLMPolicy(Policy):
     tokenizer: Any = None
     #: True when the backend batches concurrent requests itself (vLLM engines/servers, HTTP APIs).
     concurrent = False
+    #: True when the generator reports log-probs at temperature 1 whatever the sampling temperature (vLLM
+    #: before 0.10.2, a vLLM server started without ``--logprobs-mode processed_logprobs``).
+    raw_logprobs = False
 
     def __init__(self, sampling: SamplingParams | None = None, stop: Sequence[str] = ()) -> None:
         self.sampling = sampling or SamplingParams()
         self.stop = tuple(stop)
         self.policy_version = 0
         self._chat_format = None
+        self._generation_thread: ThreadPoolExecutor | None = None
 
     # -- generation ---------------------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
@@ -94,8 +98,9 @@ class LLMPolicy(Policy):
         return run_sync(all_of())
 
     async def agenerate(self, request: GenerationRequest) -> Completion:
-        """One request; the default runs ``generate`` in a worker thread."""
-        completions = await asyncio.get_running_loop().run_in_executor(None, self.generate, [request])
+        """One request; the default runs ``generate`` on the generation thread."""
+        loop = asyncio.get_running_loop()
+        completions = await loop.run_in_executor(self.generation_thread(), self.generate, [request])
         return completions[0]
 
     @property
@@ -120,7 +125,7 @@ class LLMPolicy(Policy):
         A fresh thread per rollout would also mean fresh per-thread state in the math libraries (OpenMP
         thread teams, CUDA streams) on every call; one long-lived thread keeps that warm.
         """
-        if getattr(self, "_generation_thread", None) is None:
+        if self._generation_thread is None:
             self._generation_thread = ThreadPoolExecutor(1, thread_name_prefix=f"rl-llm-generate-{self.name}")
         return self._generation_thread
 
@@ -130,7 +135,7 @@ class LLMPolicy(Policy):
     @property
     def logprob_temperature(self) -> float:
         """The temperature ``Completion.logprobs`` were computed at."""
-        return self.sampling.logprob_temperature
+        return 1.0 if self.raw_logprobs else self.sampling.logprob_temperature
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
@@ -144,9 +149,9 @@ class LLMPolicy(Policy):
         return self.generate(requests)
 
     def close(self) -> None:
-        executor, self._generation_thread = getattr(self, "_generation_thread", None), None
+        executor, self._generation_thread = self._generation_thread, None
         if executor is not None:
-            executor.shutdown(wait=False)
+            executor.shutdown(wait=True)  # a generation still running finishes first; then the thread is gone
 
     # -- weights ------------------------------------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:

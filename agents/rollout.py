@@ -34,7 +34,6 @@ A failed generation or env call ends that episode with ``end_reason="error"`` an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -164,17 +163,22 @@ class RolloutEngine:
                 self.policy.generate, lambda: self._live, self.policy.generation_thread(), self.max_batch_size,
                 self.gather_timeout_s,
             )
+            self._scheduler.stats = self.stats.batches  # accumulates over runs, like the other stats
             scheduler_task = asyncio.ensure_future(self._scheduler.run())
+        episodes = [asyncio.ensure_future(self._episode(job)) for job in jobs]
         try:
-            trajectories = await asyncio.gather(*(self._episode(job) for job in jobs))
+            trajectories = await asyncio.gather(*episodes)
         finally:
+            # When one episode raises (an env that cannot be built, a failing on_trajectory), gather does not
+            # stop the others: cancel them and wait, so none outlives the scheduler and the envs it uses.
+            for episode in episodes:
+                episode.cancel()
+            await asyncio.gather(*episodes, return_exceptions=True)
             if scheduler_task is not None:
                 scheduler_task.cancel()
                 await asyncio.gather(scheduler_task, return_exceptions=True)
             await self._close_envs()
             self._env_pool.shutdown(wait=False)
-        if self._scheduler is not None:
-            self.stats.batches = self._scheduler.stats
         self.stats.wall_seconds += time.perf_counter() - started
         self.stats.episodes += len(trajectories)
         self.stats.policy_tokens += sum(t.num_policy_tokens for t in trajectories)
@@ -254,9 +258,8 @@ class RolloutEngine:
         return env
 
     async def _close_envs(self) -> None:
-        for env in self._all_envs:
-            with contextlib.suppress(Exception):  # closing is best effort; the results are already recorded
-                await self._in_env_thread(env.close)
+        # Closing is best effort (the results are already recorded), and concurrent: sandboxes take a while.
+        await asyncio.gather(*(self._in_env_thread(env.close) for env in self._all_envs), return_exceptions=True)
 
 
 class _Recorder:

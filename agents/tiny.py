@@ -1,13 +1,15 @@
 """A tiny random-initialised chat model built locally, so tests and the default job need no download.
 
 ``tiny_model(path=None) -> Path`` writes a Hugging Face model directory (``Qwen2ForCausalLM`` or
-``LlamaForCausalLM``) with a byte-level BPE tokenizer trained here with the ``tokenizers`` library on the
-text the registered rl-llm environments produce (system prompts, observations and baseline actions), and a
-ChatML chat template (``<|im_start|>role\\n...<|im_end|>\\n``). ``<|im_end|>`` is the eos token,
+``LlamaForCausalLM``) with a byte-level BPE tokenizer (Qwen2's normaliser and pre-tokenizer) trained here
+with the ``tokenizers`` library on the text the registered rl-llm environments produce (system prompts,
+observations and baseline actions), and a ChatML chat template (``<|im_start|>role\\n...<|im_end|>\\n``). ``<|im_end|>`` is the eos token,
 ``<|endoftext|>`` the pad token. The directory loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and
 its config is a plain Qwen2/Llama config that vLLM accepts (head dimension 32).
 
-Building is idempotent: a directory that already holds a model built with the same settings is reused.
+Building is idempotent: a directory that already holds a model built with the same settings, and with a
+tokenizer trained on the same registered environments, is reused; after an environment is added or removed
+it is rebuilt, so a cache never keeps a tokenizer that a fresh build would no longer produce.
 ``default_tiny_model_path()`` is the shared cache (``$RL_LLM_CACHE`` or ``~/.cache/rl-llm``, then
 ``tiny-qwen2``); the trainer and the tests reuse it. Concurrent builders are safe: each builds in a
 private temporary directory and the first to rename it into place wins.
@@ -23,13 +25,14 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from rl_llm.paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
 # Bump when the build recipe changes, so cached models built by an older recipe are rebuilt.
-BUILD_VERSION = 2
+BUILD_VERSION = 3
 MARKER_FILE = "rl_llm_tiny_model.json"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
@@ -37,6 +40,10 @@ CHAT_TEMPLATE = (
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+# Qwen2's pre-tokenizer split (as in transformers' Qwen2Tokenizer).
+QWEN2_PRETOKENIZE_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 # Text every chat-formatted corpus needs beyond what the environments say.
 EXTRA_CORPUS = (
@@ -94,9 +101,16 @@ def tiny_model(path: str | Path | None = None, **settings: int | str) -> Path:
     return target
 
 
+def _marker(spec: TinyModelSpec) -> dict[str, Any]:
+    """What a built directory records: its settings and the environments whose text trained its tokenizer."""
+    from rl_llm.envs.registration import env_ids
+
+    return {**asdict(spec), "corpus_envs": env_ids()}
+
+
 def _is_built(path: Path, spec: TinyModelSpec) -> bool:
     try:
-        return json.loads((path / MARKER_FILE).read_text()) == asdict(spec)
+        return json.loads((path / MARKER_FILE).read_text()) == _marker(spec)
     except (OSError, ValueError):
         return False
 
@@ -145,17 +159,23 @@ def _build(directory: Path, spec: TinyModelSpec) -> None:
     model.generation_config.pad_token_id = pad
     model.generation_config.bos_token_id = None
     model.save_pretrained(directory)
-    (directory / MARKER_FILE).write_text(json.dumps(asdict(spec), indent=2))
+    (directory / MARKER_FILE).write_text(json.dumps(_marker(spec), indent=2))
 
 
 def build_tokenizer(vocab_size: int):  # -> PreTrainedTokenizerFast
     """A byte-level BPE tokenizer trained on environment text, with the ChatML template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE())
-    # No normaliser: decode(encode(text)) must give the text back exactly.
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # Qwen2's pipeline, which transformers 5 imposes on every qwen2 model directory whatever tokenizer.json
+    # says: trained as it is used, and the same ids under every transformers version. decode(encode(text))
+    # gives back the text exactly when it is NFC-normalised (and its NFC form otherwise).
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])  # fmt: skip
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -7,12 +7,18 @@ Specs: ``vllm:MODEL`` (engine in this process), ``vllm:http://HOST:PORT#MODEL`` 
 request as soon as an env is ready and vLLM batches them continuously); ``async_engine=False`` uses the
 offline ``vllm.LLM`` with batched calls. Prompts go in as token ids (``TokensPrompt``) and the completion's
 token ids and sampled log-probs come back; log-probs are requested as ``processed_logprobs`` (after the
-temperature), matching the ``hf`` backend. For a trainer on the same GPU, ``enable_sleep_mode=True``
-allows ``sleep()`` / ``wake_up()``, and ``load_weights(named_tensors)`` copies new weights into the model.
+temperature, and after top-p / top-k when those are set), matching the ``hf`` backend. For a trainer on the
+same GPU, ``enable_sleep_mode=True`` allows ``sleep()`` / ``wake_up()``, and ``load_weights(named_tensors)``
+copies new weights into the model: directly when the engine runs in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the offline engine only), else as ``torch.save`` bytes through
+``collective_rpc`` to the worker extension ``WeightLoader`` (installed as ``worker_extension_cls``).
 
 ``VLLMServerPolicy`` speaks vLLM's ``/v1/completions`` with the prompt as token ids,
 ``return_tokens_as_token_ids`` and ``logprobs``, so it is token-in, token-out as well; it needs the model's
-tokenizer locally (for the chat template). It imports nothing from vLLM.
+tokenizer locally (for the chat template). It imports nothing from vLLM. A server returns log-probs at the
+sampling temperature only when started with ``--logprobs-mode processed_logprobs`` (``launch`` does that);
+for one started otherwise pass ``raw_logprobs=True``. Penalties are sent as their no-op values, so the
+server does not apply the defaults of the model's ``generation_config``.
 
 vLLM is imported lazily: this module imports without it, and ``require_vllm()`` says clearly when it is
 missing (it needs a GPU build, or its CPU build, installed with ``pip install 'rl-llm[vllm]'``).
@@ -21,6 +27,8 @@ missing (it needs a GPU build, or its CPU build, installed with ``pip install 'r
 from __future__ import annotations
 
 import asyncio
+import inspect
+import io
 import os
 import shutil
 import socket
@@ -28,7 +36,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +64,17 @@ def require_vllm() -> Any:
     import vllm
 
     return vllm
+
+
+def engine_arg_names(vllm: Any) -> set[str]:
+    """The options the installed vLLM's engine (and ``vllm serve``) accepts."""
+    return set(inspect.signature(vllm.EngineArgs).parameters)
+
+
+#: The worker extension that takes weights shipped to an engine in another process.
+WEIGHT_LOADER = "rl_llm.agents.vllm_backend.WeightLoader"
+#: Weights shipped to another process go in ``torch.save`` parts of about this many bytes.
+WEIGHT_PART_BYTES = 1 << 30
 
 
 def _load_tokenizer(source: str | Path) -> Any:
@@ -92,31 +111,30 @@ class VLLMPolicy(LLMPolicy):
         self.tokenizer = _load_tokenizer(model)
         options = dict(
             model=str(model), seed=seed, gpu_memory_utilization=gpu_memory_utilization, dtype=dtype,
-            enable_sleep_mode=enable_sleep_mode, max_model_len=max_model_len, logprobs_mode="processed_logprobs",
-            **engine_kwargs,
+            enable_sleep_mode=enable_sleep_mode, max_model_len=max_model_len, **engine_kwargs,
         )  # fmt: skip
-        self.concurrent = async_engine
-        self._raw_logprobs = False
-        try:
-            self._start_engine(async_engine, options)
-        except TypeError as error:  # vLLM before 0.10.2 has no logprobs_mode: its log-probs ignore temperature
-            if "logprobs_mode" not in str(error):
-                raise
-            del options["logprobs_mode"]
-            self._raw_logprobs = True
-            self._start_engine(async_engine, options)
-        self.max_context_tokens = max_model_len
+        supported = engine_arg_names(vllm)
+        if "logprobs_mode" in supported:  # vLLM 0.10.2+; before, log-probs ignore the temperature
+            options.setdefault("logprobs_mode", "processed_logprobs")
+        self.raw_logprobs = options.get("logprobs_mode") != "processed_logprobs"
+        if "worker_extension_cls" in supported:
+            options.setdefault("worker_extension_cls", WEIGHT_LOADER)
+        self._ships_weights = options.get("worker_extension_cls") == WEIGHT_LOADER
+        from vllm.sampling_params import RequestOutputKind
 
-    def _start_engine(self, async_engine: bool, options: dict[str, Any]) -> None:
-        vllm = self._vllm
+        self._final_only = RequestOutputKind.FINAL_ONLY  # one output per request, not one per token
+        self.concurrent = async_engine
         if async_engine:
             self.engine, self.llm = vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**options)), None
         else:
             self.engine, self.llm = None, vllm.LLM(**options)
+        # The engine's context length (max_model_len, or the model's own when not set) bounds each episode.
+        self.max_context_tokens = getattr(getattr(self._engine, "model_config", None), "max_model_len", max_model_len)
 
     @property
-    def logprob_temperature(self) -> float:
-        return 1.0 if self._raw_logprobs else self.sampling.logprob_temperature
+    def _engine(self) -> Any:
+        """The engine object: the offline ``LLM``'s ``LLMEngine`` or the async engine."""
+        return self.llm.llm_engine if self.llm is not None else self.engine
 
     def _params(self, request: GenerationRequest) -> Any:
         params = self.sampling
@@ -130,6 +148,7 @@ class VLLMPolicy(LLMPolicy):
             include_stop_str_in_output=True,
             logprobs=0,  # the sampled token's log-prob only
             skip_special_tokens=True,
+            output_kind=self._final_only,
         )
 
     def _completion(self, output: Any) -> Completion:
@@ -137,8 +156,7 @@ class VLLMPolicy(LLMPolicy):
         if output.logprobs is None or len(output.logprobs) != len(token_ids):
             raise RuntimeError("vLLM returned no log-prob per generated token")
         logprobs = [float(step[token].logprob) for step, token in zip(output.logprobs, token_ids)]
-        finish = "stop" if output.finish_reason == "stop" else output.finish_reason
-        return Completion(self.decode(token_ids), token_ids, logprobs, finish)
+        return Completion(self.decode(token_ids), token_ids, logprobs, output.finish_reason)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         if self.llm is None:
@@ -160,32 +178,35 @@ class VLLMPolicy(LLMPolicy):
 
     # -- weights and memory -------------------------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        weights = [(name, tensor.detach()) for name, tensor in named_tensors]
+        weights = ((name, tensor.detach()) for name, tensor in named_tensors)
         model = self._in_process_model()
         if model is not None:
-            model.load_weights(weights=weights)
-        else:  # engine core in another process: ship CPU copies to every worker
-            cpu = [(name, tensor.cpu()) for name, tensor in weights]
-            self._rpc(_load_weights_in_worker, (cpu,))
+            model.load_weights(weights=list(weights))
+        elif not self._ships_weights:
+            raise RuntimeError("load_weights: the vLLM engine runs in another process and its worker_extension_cls "
+                               f"is not {WEIGHT_LOADER}; set VLLM_ENABLE_V1_MULTIPROCESSING=0 (offline engine) "
+                               "or keep the default worker extension")  # fmt: skip
+        else:  # vLLM's IPC carries neither functions nor tensors inside call arguments: send bytes
+            for part in _serialized_parts(weights):
+                self._call("collective_rpc", "load_serialized_weights", args=(part,))
         self._call("reset_prefix_cache")
         self.mark_updated()
 
     def _in_process_model(self) -> Any:
         """The model object when the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
-        engine = self.llm.llm_engine if self.llm is not None else self.engine
+        engine = self._engine
+        # vLLM's in-process client holds the engine core; older versions also alias its executor on the engine.
+        executor = getattr(engine, "model_executor", None) or getattr(
+            getattr(getattr(engine, "engine_core", None), "engine_core", None), "model_executor", None
+        )
         try:
-            return engine.model_executor.driver_worker.worker.model_runner.model
+            return executor.driver_worker.worker.model_runner.model
         except AttributeError:
             return None
 
-    def _rpc(self, function: Any, args: tuple[Any, ...]) -> Any:
-        if self.llm is not None:
-            return self.llm.collective_rpc(function, args=args)
-        return run_sync(self.engine.collective_rpc(function, args=args))
-
-    def _call(self, method: str, *args: Any) -> Any:
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         target = self.llm if self.llm is not None else self.engine
-        result = getattr(target, method)(*args)
+        result = getattr(target, method)(*args, **kwargs)
         return run_sync(result) if asyncio.iscoroutine(result) else result
 
     def sleep(self) -> None:
@@ -200,9 +221,35 @@ class VLLMPolicy(LLMPolicy):
         super().close()
 
 
-def _load_weights_in_worker(worker: Any, weights: list[tuple[str, Any]]) -> None:
-    device = worker.device
-    worker.model_runner.model.load_weights(weights=[(name, tensor.to(device)) for name, tensor in weights])
+def _serialized_parts(weights: Iterable[tuple[str, Any]]) -> Iterator[bytes]:
+    """``torch.save`` bytes of ``{name: CPU tensor}`` dicts of about ``WEIGHT_PART_BYTES`` each, in order."""
+    import torch
+
+    def save(part: dict[str, Any]) -> bytes:
+        buffer = io.BytesIO()
+        torch.save(part, buffer)
+        return buffer.getvalue()
+
+    part: dict[str, Any] = {}
+    size = 0
+    for name, tensor in weights:
+        part[name] = tensor.cpu()
+        size += tensor.numel() * tensor.element_size()
+        if size >= WEIGHT_PART_BYTES:
+            yield save(part)
+            part, size = {}, 0
+    if part:
+        yield save(part)
+
+
+class WeightLoader:
+    """vLLM worker extension (``worker_extension_cls``; ``self`` is the GPU worker): weights sent as bytes."""
+
+    def load_serialized_weights(self, payload: bytes) -> None:
+        import torch
+
+        weights = torch.load(io.BytesIO(payload), map_location=self.device, weights_only=True)
+        self.model_runner.model.load_weights(weights=list(weights.items()))
 
 
 class VLLMServerPolicy(LLMPolicy):
@@ -222,9 +269,11 @@ class VLLMServerPolicy(LLMPolicy):
         timeout_s: float = 600.0,
         max_retries: int = 2,
         max_concurrency: int = 256,
+        raw_logprobs: bool = False,
         server: VLLMServer | None = None,
     ) -> None:
         super().__init__(sampling, stop)
+        self.raw_logprobs = raw_logprobs
         base_url = base_url.rstrip("/")
         if not base_url.endswith("/v1"):
             base_url += "/v1"
@@ -242,7 +291,7 @@ class VLLMServerPolicy(LLMPolicy):
         """Start ``vllm serve MODEL`` on a free local port and connect to it."""
         server = VLLMServer(str(model), extra_args=server_args)
         try:
-            return cls(server.url, str(model), server=server, **options)
+            return cls(server.url, str(model), server=server, raw_logprobs=server.raw_logprobs, **options)
         except BaseException:
             server.close()
             raise
@@ -256,6 +305,8 @@ class VLLMServerPolicy(LLMPolicy):
             "temperature": params.temperature,
             "top_p": params.top_p,
             "top_k": params.top_k if params.top_k > 0 else -1,
+            # explicit no-ops: left out, the server would take them from the model's generation_config
+            "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
             "stop": list(request.stop),
             "include_stop_str_in_output": True,
             "skip_special_tokens": True,
@@ -290,7 +341,11 @@ def _token_id(token: Any) -> int:
 
 
 class VLLMServer:
-    """A ``vllm serve`` subprocess on 127.0.0.1; its log goes to ``log_path``."""
+    """A ``vllm serve`` subprocess on 127.0.0.1; its log goes to ``log_path``.
+
+    It is started with ``--logprobs-mode processed_logprobs`` where vLLM has that option (0.10.2+), so its
+    log-probs follow the sampling temperature; ``raw_logprobs`` says when they do not.
+    """
 
     def __init__(
         self,
@@ -301,7 +356,11 @@ class VLLMServer:
         startup_timeout_s: float = 900.0,
         log_path: str | Path | None = None,
     ) -> None:
-        require_vllm()
+        vllm = require_vllm()
+        extra_args = list(extra_args)
+        if "logprobs_mode" in engine_arg_names(vllm) and "--logprobs-mode" not in extra_args:
+            extra_args = ["--logprobs-mode", "processed_logprobs", *extra_args]
+        self.raw_logprobs = "processed_logprobs" not in extra_args
         self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path or Path.cwd() / f"vllm-server-{self.port}.log")

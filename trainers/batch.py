@@ -10,6 +10,7 @@ trajectory's total by adding the difference on its final policy token.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
@@ -63,8 +64,8 @@ def _reward_positions(trajectory: Trajectory, policy_positions: list[int]) -> li
     """
     positions = []
     for turn in trajectory.turns:
-        before = [p for p in policy_positions if p < turn.token_end]
-        positions.append(before[-1] if before else policy_positions[0])
+        before = bisect.bisect_left(policy_positions, turn.token_end)  # policy positions < token_end
+        positions.append(policy_positions[before - 1] if before else policy_positions[0])
     return positions
 
 

@@ -193,7 +193,7 @@ class TrainConfig:
             raise ConfigError(f"rollout.pods_keep must be in 1..group_size ({self.rollout.group_size})")
         if self.env.action_template is not None and self.env.action_template.count("{}") != 1:
             raise ConfigError("env.action_template must contain exactly one '{}' (where the generated text goes)")
-        if self.algorithm != "ppo" and self.rollout.group_size < 2 and self.algorithm in ("grpo", "drgrpo", "rloo"):
+        if self.algorithm in ("grpo", "drgrpo", "rloo") and self.rollout.group_size < 2:
             raise ConfigError(f"{self.algorithm} needs rollout.group_size >= 2 (a group baseline)")
         return self
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -127,14 +128,18 @@ class TrainingRun:
             self._restore(resume)
         self.make_env = env_factory(config)
         self.generator = self._build_generator()
-        self.sync = make_weight_sync(
-            self.generator, config.rollout.backend, config.rollout.vllm.mode, config.rollout.vllm.sleep,
-            config.rollout.vllm.server_url, config.rollout.vllm.server_group_port, self.device,
-        )  # fmt: skip
-        if self.step > 0:
-            if config.rollout.backend == "vllm":
-                self.sync.push(self.model)  # the engine starts from the initial weights: give it the resumed ones
-            self.generator.mark_updated(self._resumed_version)
+        try:  # the generator may be a server process: stop it if the run cannot start
+            self.sync = make_weight_sync(
+                self.generator, config.rollout.backend, config.rollout.vllm.mode, config.rollout.vllm.sleep,
+                config.rollout.vllm.server_url, config.rollout.vllm.server_group_port, self.device,
+            )  # fmt: skip
+            if self.step > 0:
+                if config.rollout.backend == "vllm":
+                    self.sync.push(self.model)  # the engine starts from the initial weights: give it the resumed ones
+                self.generator.mark_updated(self._resumed_version)
+        except BaseException:
+            self.generator.close()
+            raise
         self.metrics = MetricsWriter(self.run_dir, resume_step=self.step, tensorboard=config.log.tensorboard)
         self.resumed_from = self.step
 
@@ -177,13 +182,13 @@ class TrainingRun:
         if vllm.mode == "colocate":
             from rl_llm.agents.vllm_backend import VLLMPolicy
 
+            # The engine in this process: new weights are copied straight into its model, GPU to GPU.
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             return VLLMPolicy(
                 self.model_path, sampling=sampling, async_engine=False, seed=config.seed,
                 gpu_memory_utilization=vllm.gpu_memory_utilization, enable_sleep_mode=vllm.sleep,
                 max_model_len=vllm.max_model_len, dtype=config.model.dtype,
             )  # fmt: skip
-        import os
-
         from rl_llm.agents.vllm_backend import VLLMServerPolicy
 
         os.environ.setdefault("VLLM_SERVER_DEV_MODE", "1")  # exposes /collective_rpc for the NCCL weight sync

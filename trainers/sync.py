@@ -101,7 +101,7 @@ class NcclServerSync(WeightSync):
         from vllm.distributed.utils import StatelessProcessGroup
 
         self.client = httpx.Client(base_url=server_url.rstrip("/"), timeout=timeout_s)
-        world = self._rpc("server_world_size")[0]
+        world = int(self._rpc("server_world_size")[0])  # the route returns results other than lists as strings
         host = httpx.URL(server_url).host
         # The server's workers join as ranks 1..world; this process is rank 0 (the broadcast source).
         joining = threading.Thread(target=self._rpc, args=("init_weight_receiver", host, group_port, 1, world + 1))

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
+from rl_llm.trainers.advantages import masked_mean
 from rl_llm.trainers.batch import TrainBatch, micro_batches, minibatch_indices
 from rl_llm.trainers.config import TrainConfig
 from rl_llm.trainers.losses import aggregate, clipped_surrogate, k3_kl, value_loss
@@ -39,10 +40,6 @@ class Averages:
 
     def result(self) -> dict[str, float]:
         return {name: self.sums[name] / self.weights[name] for name in self.sums if self.weights[name] > 0}
-
-
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((values * mask).sum() / mask.sum().clamp(min=1))
 
 
 @torch.no_grad()
@@ -124,17 +121,17 @@ def policy_update(
             if ref_all is not None:
                 kl = k3_kl(logprobs, ref_all[chunk, :width])
                 loss = loss + loss_cfg.kl_coef * aggregate(kl, mask, loss_cfg.aggregation, **counts)
-                stats.add("kl_ref", _masked_mean(kl.detach(), mask), weight)
+                stats.add("kl_ref", masked_mean(kl.detach(), mask), weight)
             if loss_cfg.entropy_coef:
                 loss = loss - loss_cfg.entropy_coef * aggregate(entropy, mask, loss_cfg.aggregation, **counts)
             loss.backward()
-            stats.add("policy_loss", _masked_mean(pg_tokens.detach(), mask), weight)
-            stats.add("clip_frac", _masked_mean(clipped, mask), weight)
-            stats.add("entropy", _masked_mean(entropy.detach(), mask), weight)
-            stats.add("approx_kl_old", _masked_mean(k3_kl(logprobs.detach(), old), mask), weight)
+            stats.add("policy_loss", masked_mean(pg_tokens.detach(), mask), weight)
+            stats.add("clip_frac", masked_mean(clipped, mask), weight)
+            stats.add("entropy", masked_mean(entropy.detach(), mask), weight)
+            stats.add("approx_kl_old", masked_mean(k3_kl(logprobs.detach(), old), mask), weight)
             if step_number == 0:  # trainer vs generator log-probs before any update: should be ~0 (same weights)
                 gap = (logprobs.detach() - sub.old_logprobs).abs()
-                stats.add("logprob_gap_generator", _masked_mean(gap, mask), weight)
+                stats.add("logprob_gap_generator", masked_mean(gap, mask), weight)
         grad_norm = torch.nn.utils.clip_grad_norm_(parameters, optim_cfg.max_grad_norm)
         stats.add("grad_norm", float(grad_norm))
         optimizer.step()
@@ -168,8 +165,8 @@ def critic_update(
             tokens = value_loss(values, old_values[chunk, :width], returns[chunk, :width], config.ppo.value_clip)
             loss = config.ppo.value_coef * aggregate(tokens, mask, "token_mean", num_tokens=num_tokens)
             loss.backward()
-            stats.add("value_loss", _masked_mean(tokens.detach(), mask), float(mask.sum()))
-            stats.add("value_mean", _masked_mean(values.detach(), mask), float(mask.sum()))
+            stats.add("value_loss", masked_mean(tokens.detach(), mask), float(mask.sum()))
+            stats.add("value_mean", masked_mean(values.detach(), mask), float(mask.sum()))
         stats.add("critic_grad_norm", float(torch.nn.utils.clip_grad_norm_(parameters, config.optim.max_grad_norm)))
         optimizer.step()
     return stats.result()

@@ -5,7 +5,7 @@ The cache is ``$RL_LLM_CACHE`` (default ``~/.cache/rl-llm``); the model is rebui
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,14 +19,20 @@ def tiny_model_dir() -> Path:
 
 
 @pytest.fixture
-def make_tiny_policy(tiny_model_dir: Path) -> Callable[..., object]:
-    """``make_tiny_policy(temperature=0.7, max_new_tokens=16, ...)`` -> an ``HFPolicy`` on CPU in float32."""
+def make_tiny_policy(tiny_model_dir: Path) -> Iterator[Callable[..., object]]:
+    """``make_tiny_policy(temperature=0.7, max_new_tokens=16, ...)`` -> an ``HFPolicy`` on CPU in float32
+    (closed after the test)."""
     from rl_llm.agents.hf import HFPolicy
     from rl_llm.agents.llm import SamplingParams
 
+    made: list[HFPolicy] = []
+
     def make(seed: int = 0, max_batch_size: int = 64, **sampling: float) -> HFPolicy:
         sampling.setdefault("max_new_tokens", 16)
-        return HFPolicy(tiny_model_dir, sampling=SamplingParams(**sampling), device="cpu", seed=seed,
-                        max_batch_size=max_batch_size)  # fmt: skip
+        made.append(HFPolicy(tiny_model_dir, sampling=SamplingParams(**sampling), device="cpu", seed=seed,
+                             max_batch_size=max_batch_size))  # fmt: skip
+        return made[-1]
 
-    return make
+    yield make
+    for policy in made:
+        policy.close()

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gymnasium as gym
+import pytest
+
 from rl_llm.agents import make_policy
-from rl_llm.agents.evaluate import evaluate, plot_records, summarize, write_jsonl
+from rl_llm.agents.evaluate import evaluate, plot_records, run_episodes, summarize, write_jsonl
 from rl_llm.agents.rollout import read_trajectories
 
 
@@ -36,3 +39,24 @@ def test_baselines_keep_the_lock_step_path_and_everything_plots(tmp_path: Path) 
     assert plot.read_bytes().startswith(b"\x89PNG") and plot.stat().st_size > 10_000
     lines = write_jsonl(records, tmp_path / "m.jsonl", agent="minimax").read_text().splitlines()
     assert len(lines) == 6 and '"agent": "minimax"' in lines[0]
+
+
+def test_envs_already_built_are_closed_when_another_cannot_be_built() -> None:
+    closed: list[int] = []
+
+    class Recorded(gym.Wrapper):
+        def close(self) -> None:
+            closed.append(id(self))
+            super().close()
+
+    built: list[gym.Env] = []
+
+    def make_env() -> gym.Env:
+        if len(built) == 2:
+            raise RuntimeError("no sandbox left")
+        built.append(Recorded(gym.make("rl-llm/TicTacToe-v0")))
+        return built[-1]
+
+    with pytest.raises(RuntimeError, match="no sandbox left"):
+        run_episodes(make_env, make_policy("random", "rl-llm/TicTacToe-v0", seed=0), episodes=4, batch_size=4)
+    assert sorted(closed) == sorted(id(env) for env in built)

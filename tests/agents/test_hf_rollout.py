@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import threading
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from rl_llm.agents import make_policy
+from rl_llm.agents.aio import run_sync
 from rl_llm.agents.evaluate import run_episodes
 from rl_llm.agents.llm import GenerationRequest, first_stop
 from rl_llm.agents.rollout import EpisodeJob, RolloutEngine, collect, read_trajectories, write_trajectories
@@ -82,6 +84,18 @@ def test_generation_stops_at_the_first_stop_string_and_keeps_it(make_tiny_policy
             assert len(completion.token_ids) == 40
 
 
+def test_the_model_generation_config_does_not_reshape_the_sampling_distribution(make_tiny_policy) -> None:
+    policy = make_tiny_policy(temperature=0.0, max_new_tokens=24)
+    policy.model.generation_config.repetition_penalty = 50.0  # real models ship such defaults (Qwen2.5: 1.05)
+    conversation = [Message("system", "Play."), Message("user", "Your move?")]
+    (completion,) = policy.generate([GenerationRequest(conversation)])
+    prompt = policy.chat_format.prompt_ids(conversation)
+    with torch.no_grad():
+        logits = policy.model(torch.tensor([prompt + completion.token_ids])).logits[0]
+    greedy = logits[len(prompt) - 1 : -1].argmax(dim=-1).tolist()
+    assert completion.token_ids == greedy, "greedy decoding must follow the raw logits the log-probs come from"
+
+
 class GatedEnv(TextEnv):
     """A test env: ends after ``options["turns"]`` turns; a step waits for ``options["gate"]`` if given."""
 
@@ -133,6 +147,44 @@ def test_a_failing_env_ends_only_its_own_episode_with_the_reason(make_tiny_polic
     assert healthy.error is None and len(healthy.turns) == 3 and healthy.terminated
 
 
+class HandoffEnv(TextEnv):
+    """A test env for two episodes: the "second" one is inside its env step when the "first" one ends."""
+
+    def __init__(self) -> None:
+        super().__init__(max_turns=100)
+
+    def _reset(self, options: dict[str, Any]) -> Task:
+        self.options = options
+        return Task(observation="Turn 0.", task_id=options["role"], system_prompt="Say anything.")
+
+    def _step(self, action: str) -> Outcome:
+        events = self.options
+        if events["role"] == "first":
+            events["second_is_stepping"].wait(timeout=60)
+            return Outcome("", {"step": 1.0}, terminated=True)
+        events["second_is_stepping"].set()
+        events["release"].wait(timeout=60)
+        return Outcome("Again.", {"step": 1.0})
+
+
+def test_an_exception_in_one_episode_stops_the_others_too(make_tiny_policy) -> None:
+    events = {"second_is_stepping": threading.Event(), "release": threading.Event()}
+    jobs = [EpisodeJob(index=0, seed=0, options={"role": "first", **events}),
+            EpisodeJob(index=1, seed=1, options={"role": "second", **events})]  # fmt: skip
+
+    def on_trajectory(trajectory) -> None:
+        events["release"].set()  # the second episode's step returns, and it would go on playing
+        raise RuntimeError("callback failed")
+
+    with pytest.raises(RuntimeError, match="callback failed"):
+        RolloutEngine(make_tiny_policy(max_new_tokens=3), HandoffEnv, concurrency=2).run(jobs, on_trajectory)
+
+    async def running_episodes() -> list[asyncio.Task]:
+        return [task for task in asyncio.all_tasks() if "RolloutEngine._episode" in repr(task.get_coro())]
+
+    assert run_sync(running_episodes()) == [], "an episode outlived the rollout (and waits forever on its scheduler)"
+
+
 def test_the_context_limit_ends_an_episode_as_truncated(make_tiny_policy) -> None:
     policy = make_tiny_policy(max_new_tokens=8)
     prompt_length = len(policy.chat_format.prompt_ids([Message("system", "Say anything."), Message("user", "Turn 0.")]))
@@ -141,6 +193,16 @@ def test_the_context_limit_ends_an_episode_as_truncated(make_tiny_policy) -> Non
     assert trajectory.end_reason == "context_limit" and trajectory.truncated and trajectory.error is None
     assert len(trajectory.token_ids) <= prompt_length + 30
     assert_token_bookkeeping(trajectory, policy)
+
+
+def test_close_leaves_no_thread_of_the_policy_behind(make_tiny_policy) -> None:
+    before = set(threading.enumerate())
+    policy = make_tiny_policy(max_new_tokens=3)
+    collect("rl-llm/TicTacToe-v0", policy, seeds=[0, 1])
+    generating = [t for t in set(threading.enumerate()) - before if t.name.startswith("rl-llm-generate")]
+    assert generating, "batch generation runs on the policy's own thread"
+    policy.close()
+    assert not [t for t in generating if t.is_alive()]
 
 
 def test_trajectories_round_trip_through_jsonl(make_tiny_policy, tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -29,10 +30,17 @@ def local_cluster() -> Iterator[None]:
 
 
 def kill_and_wait(actor: Any) -> None:
-    """Kill an actor and wait until it is really dead, so the next call on it fails."""
+    """Kill an actor and wait until it is really dead, so the next call on it fails. ``ray.kill`` is
+    asynchronous: on a busy machine a call made just after it can still be answered."""
     ray.kill(actor)
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(actor.ping.remote(), timeout=60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ping.remote(), timeout=60)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    pytest.fail("the killed actor still answers after 60 s")
 
 
 class KillWorkerOnce(Policy):

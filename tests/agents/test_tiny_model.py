@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rl_llm.agents.tiny import MARKER_FILE, default_tiny_model_path, tiny_model
+from rl_llm.agents.tiny import (
+    MARKER_FILE,
+    TinyModelSpec,
+    _is_built,
+    default_tiny_model_path,
+    tiny_model,
+)
+from rl_llm.envs import registration
 from tests.conftest import hostile_text
 
 
@@ -44,13 +53,33 @@ def test_tokenizer_was_trained_on_environment_text(tokenizer) -> None:
 def test_decoding_gives_back_exactly_the_text(tokenizer, text: str) -> None:
     if any(special in text for special in ("<|im_start|>", "<|im_end|>", "<|endoftext|>")):
         return
-    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+    # NFC-normalised text comes back exactly; other text as its NFC form (Qwen2's normaliser, which transformers
+    # 5 applies to every qwen2 model directory whatever tokenizer.json says).
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == unicodedata.normalize("NFC", text)
+
+
+def test_the_loaded_tokenizer_is_the_trained_one(tiny_model_dir: Path, tokenizer) -> None:
+    trained = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    loaded = tokenizer.backend_tokenizer
+    assert repr(loaded.normalizer) == repr(trained.normalizer)
+    assert repr(loaded.pre_tokenizer) == repr(trained.pre_tokenizer)
+    text = "Arm B: reward 0.75 after 12 pulls; <move>C3</move>\n\n  done"
+    assert tokenizer.encode(text, add_special_tokens=False) == trained.encode(text, add_special_tokens=False).ids
 
 
 def test_building_again_reuses_the_directory(tiny_model_dir: Path) -> None:
     stamps = {path.name: path.stat().st_mtime_ns for path in tiny_model_dir.iterdir()}
     assert tiny_model(tiny_model_dir) == tiny_model_dir
     assert {path.name: path.stat().st_mtime_ns for path in tiny_model_dir.iterdir()} == stamps
+
+
+def test_the_cache_is_stale_once_the_registered_environments_change(tiny_model_dir: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # The tokenizer is trained on the text of every registered env: another set of envs, another tokenizer.
+    assert _is_built(tiny_model_dir, TinyModelSpec())
+    registered = registration.env_ids()
+    monkeypatch.setattr(registration, "env_ids", lambda: [*registered, "rl-llm/Added-v0"])
+    assert not _is_built(tiny_model_dir, TinyModelSpec())
 
 
 def test_other_settings_build_a_llama_and_a_foreign_directory_is_refused(tmp_path: Path) -> None:

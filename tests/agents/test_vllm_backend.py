@@ -2,17 +2,23 @@
 
 The engine tests need vLLM (a GPU build, or its CPU build); where it does not import they are skipped with
 the import error as the reason. The server client speaks vLLM's ``/v1/completions`` protocol and is tested
-against a real HTTP server on 127.0.0.1 that generates with the tiny model.
+against a real HTTP server on 127.0.0.1 that generates with the tiny model. How ``VLLMPolicy`` drives an
+engine (its options, weights shipped to another process) is also checked everywhere, with a stand-in ``vllm``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from rl_llm.agents import make_policy
+from rl_llm.agents import make_policy, vllm_backend
 from rl_llm.agents.llm import SamplingParams
 from rl_llm.agents.rollout import collect
 from rl_llm.agents.vllm_backend import VLLMServerPolicy, vllm_import_error
@@ -44,6 +50,18 @@ def test_server_client_is_token_in_token_out(completions_server: CompletionsStub
     body = completions_server.requests[0]["body"]
     assert isinstance(body["prompt"], list) and body["stop"] == ["</move>"] and body["logprobs"] == 1
     assert body["include_stop_str_in_output"] is True
+    # penalties sent as no-ops: a server fills missing ones from the model's generation_config
+    penalties = ("repetition_penalty", "min_p", "presence_penalty", "frequency_penalty")
+    assert [body[name] for name in penalties] == [1.0, 0.0, 0.0, 0.0]
+    policy.close()
+
+
+def test_a_server_with_raw_log_probs_gives_trajectories_of_temperature_one(completions_server: CompletionsStub,
+                                                                           tiny_model_dir: Path) -> None:  # fmt: skip
+    policy = VLLMServerPolicy(completions_server.url, str(tiny_model_dir), raw_logprobs=True,
+                              sampling=SamplingParams(max_new_tokens=4, temperature=0.8))  # fmt: skip
+    (trajectory,) = collect("rl-llm/TicTacToe-v0", policy, seeds=[0])
+    assert trajectory.temperature == 1.0 and policy.logprob_temperature == 1.0
     policy.close()
 
 
@@ -59,6 +77,76 @@ def test_server_client_rejects_a_server_that_does_not_return_token_ids(completio
     wrong = VLLMServerPolicy(completions_server.url.replace("/v1", "/nope"), str(tiny_model_dir), max_retries=0)
     (trajectory,) = collect("rl-llm/TicTacToe-v0", wrong, seeds=[0])
     assert "HTTP 400" in trajectory.error  # every trajectory comes back, with the reason
+
+
+def stand_in_vllm(monkeypatch: pytest.MonkeyPatch, engine_options: list[str], worker: Any) -> list[tuple[str, Any]]:
+    """A stand-in ``vllm`` module: ``EngineArgs`` takes ``engine_options``; ``LLM`` runs its engine core
+    "in another process" (no model in reach) whose ``collective_rpc`` calls reach ``worker``. Returns the calls."""
+    calls: list[tuple[str, Any]] = []
+
+    class LLM:
+        def __init__(self, **options: Any) -> None:
+            calls.append(("LLM", options))
+            self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=777))
+
+        def collective_rpc(self, method: str, args: tuple = ()) -> list[Any]:
+            calls.append(("collective_rpc", method))
+            return [getattr(vllm_backend.WeightLoader, method)(worker, *args)]
+
+        def reset_prefix_cache(self) -> None:
+            calls.append(("reset_prefix_cache", None))
+
+    fake = types.ModuleType("vllm")
+    fake.EngineArgs = dataclasses.make_dataclass("EngineArgs", [(name, Any, None) for name in engine_options])
+    fake.LLM = LLM
+    sampling = types.ModuleType("vllm.sampling_params")
+    sampling.RequestOutputKind = SimpleNamespace(FINAL_ONLY="final-only")
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling)
+    return calls
+
+
+@pytest.mark.parametrize("vllm_version", ["current", "before 0.10.2"])
+def test_engine_options_and_weights_shipped_to_an_engine_in_another_process(
+    vllm_version: str, monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path, make_tiny_policy
+) -> None:
+    import torch
+
+    class VLLMStyleModel:  # vLLM models take their weights as (name, tensor) pairs
+        def __init__(self, module: torch.nn.Module) -> None:
+            self.parameters = dict(module.named_parameters())
+
+        def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+            with torch.no_grad():
+                for name, tensor in weights:
+                    self.parameters[name].copy_(tensor)
+
+    source, target = make_tiny_policy().model, make_tiny_policy().model
+    with torch.no_grad():
+        for parameter in target.parameters():
+            parameter.zero_()
+    worker = SimpleNamespace(device=torch.device("cpu"), model_runner=SimpleNamespace(model=VLLMStyleModel(target)))
+    options = ["model", "seed", "gpu_memory_utilization", "dtype", "enable_sleep_mode", "max_model_len"]
+    if vllm_version == "current":
+        options += ["logprobs_mode", "worker_extension_cls"]
+    calls = stand_in_vllm(monkeypatch, options, worker)
+    monkeypatch.setattr(vllm_backend, "WEIGHT_PART_BYTES", 100_000)  # several parts
+
+    policy = vllm_backend.VLLMPolicy(tiny_model_dir, async_engine=False, sampling=SamplingParams(temperature=0.7))
+    engine_options = calls[0][1]
+    assert policy.max_context_tokens == 777, "the engine's context length bounds the episodes"
+    if vllm_version != "current":  # no logprobs_mode: log-probs at temperature 1; no worker extensions
+        assert policy.logprob_temperature == 1.0 and "logprobs_mode" not in engine_options
+        with pytest.raises(RuntimeError, match="VLLM_ENABLE_V1_MULTIPROCESSING=0"):
+            policy.load_weights(source.named_parameters())
+        return
+    assert engine_options["logprobs_mode"] == "processed_logprobs" and policy.logprob_temperature == 0.7
+    assert engine_options["worker_extension_cls"] == vllm_backend.WEIGHT_LOADER
+    policy.load_weights(source.named_parameters())
+    shipped = [call for call in calls if call[0] == "collective_rpc"]
+    assert len(shipped) > 1 and calls[-1] == ("reset_prefix_cache", None) and policy.policy_version == 1
+    for (name, expected), loaded in zip(source.named_parameters(), target.parameters(), strict=True):
+        assert torch.equal(expected, loaded), name
 
 
 def test_without_vllm_the_engine_backends_say_how_to_get_it() -> None:
