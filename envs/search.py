@@ -20,7 +20,7 @@ from rl_llm.envs.retrieval import (
     load_corpus,
     load_qa,
 )
-from rl_llm.envs.retrieval.corpus import Passage, QAExample, default_cache_dir
+from rl_llm.envs.retrieval.corpus import QAExample, default_cache_dir
 from rl_llm.envs.search_protocols import PROTOCOLS, REWARDS, SearchProtocol
 
 MAX_QUERY_CHARS = 1000
@@ -152,7 +152,7 @@ class SearchEnv(TextEnv):
         self.current_task = self.tasks[index]
         self.tool_calls = self.invalid_actions = 0
         self.response = ""  # the policy's turns and the observations between them (for format rewards)
-        self.retrieved: list[Passage] = []
+        self.retrieval_hit = False  # a gold answer appeared in a passage retrieved so far
         question = self.current_task.question
         info: dict[str, Any] = {"task_index": index}
         if self.current_task.optimal_tool_calls is not None:
@@ -184,7 +184,9 @@ class SearchEnv(TextEnv):
     def _search(self, query: str, ignored: int) -> Outcome:
         self.tool_calls += 1
         hits, error = retrieve_or_explain(self.retriever, query, self.top_k)
-        self.retrieved += [hit.passage for hit in hits]
+        if not self.retrieval_hit:
+            golds = [normalize_answer(gold) for gold in self.current_task.answers]
+            self.retrieval_hit = any(gold in normalize_answer(hit.passage.contents) for hit in hits for gold in golds)
         notes = [error] if error else []
         if ignored:
             notes.append(f"only the first action of a turn is run; {ignored} more in that turn were ignored")
@@ -219,7 +221,6 @@ class SearchEnv(TextEnv):
 
     def _metrics(self, answer: str | None) -> dict[str, float]:
         golds = self.current_task.answers
-        retrieved = " ".join(normalize_answer(p.contents) for p in self.retrieved)
         return {
             "tool_calls": float(self.tool_calls),
             "correct": exact_match(answer, golds) if answer is not None else 0.0,
@@ -227,7 +228,7 @@ class SearchEnv(TextEnv):
             "answered": float(answer is not None),
             "turns": float(self.turn),
             "invalid_actions": float(self.invalid_actions),
-            "retrieval_hit": float(any(normalize_answer(g) in retrieved for g in golds)),
+            "retrieval_hit": float(self.retrieval_hit),
         }
 
 

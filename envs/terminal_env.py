@@ -304,6 +304,9 @@ class TerminalEnv(TextEnv):
         """Stop the agent's shell, run the completion check, and score the episode."""
         assert self.current_task is not None
         self._close_session()
+        # Also what the agent detached from its shell (setsid, nohup), which on docker and local outlives the
+        # session: the check must see a settled state.
+        self._timed(self._sandbox.kill_processes)
         passed, detail = self._runner({"mode": "check", "checks": list(self.current_task.checks)}, self.check_timeout_s)
         self._release_sandbox()
         verdict = "The completion check passed." if passed else "The completion check failed."

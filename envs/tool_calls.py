@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from typing import Any
 
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.knowledge import TOOL_TASK_KINDS, ToolTask, bundled_kb
-from rl_llm.envs.parsing import Block, parse_json_tool_calls, scan_blocks, truncate_middle
+from rl_llm.envs.parsing import Block, ToolCall, parse_json_tool_calls, scan_blocks, truncate_middle
 from rl_llm.envs.qa_scoring import numeric_or_exact_match
 from rl_llm.envs.retrieval import Retriever, format_passages
 from rl_llm.envs.search import MAX_QUERY_CHARS, resolve_retriever, retrieve_or_explain
@@ -17,13 +16,6 @@ from rl_llm.envs.tools import TOOLS, CalculatorError, PythonTool, ToolUnavailabl
 from rl_llm.envs.tools.specs import validate_arguments
 
 MAX_BLOCKS_SCANNED = 64
-
-
-@dataclass
-class _Call:
-    name: str
-    arguments: dict[str, Any]
-    error: str | None = None
 
 
 class ToolCallsEnv(TextEnv):
@@ -100,7 +92,8 @@ class ToolCallsEnv(TextEnv):
         if not self.tasks:
             raise ValueError(f"no task can be solved with tools={tools} and kinds={kinds}")
         self.retriever = resolve_retriever(retriever, None, kb_seed, cache_dir) if "search" in tools else None
-        self.python = PythonTool(timeout=python_timeout, backend=sandbox_backend) if "python" in tools else None
+        self.python = (PythonTool(timeout=python_timeout, backend=sandbox_backend, max_output_chars=max_output_chars)
+                       if "python" in tools else None)  # fmt: skip
         self._markers = {name: (f"<{name}>", f"</{name}>") for name in (*TOOLS, "tool_call", "answer")}
         self._system_prompt = self._describe_tools()
 
@@ -137,9 +130,10 @@ class ToolCallsEnv(TextEnv):
                 return self._answer(blocks[0].content)
             return self._feedback("Error: the <answer> tag was not closed with </answer>.", invalid=True)
         answer_index = next((i for i, b in enumerate(blocks) if b.name == "answer"), len(blocks))
-        calls = [self._to_call(block) for block in blocks[:answer_index]]
-        if not blocks:
-            calls = [_Call(c.name, c.arguments, c.error) for c in parse_json_tool_calls(action, limit=MAX_BLOCKS_SCANNED)]
+        if blocks:
+            calls = [self._to_call(block) for block in blocks[:answer_index]]
+        else:
+            calls = parse_json_tool_calls(action, limit=MAX_BLOCKS_SCANNED)
         if not calls:
             return self._feedback("Error: no tool call or answer found. Call a tool, e.g. <search>query</search>, or "
                                   "answer with <answer>...</answer>.", invalid=True)  # fmt: skip
@@ -148,32 +142,37 @@ class ToolCallsEnv(TextEnv):
             self.counts["invalid_tool_calls"] += len(calls)
             return self._feedback(f"Error: {shown} tool calls in one turn; the limit is {self.max_calls_per_turn}. "
                                   f"None were run: make at most {self.max_calls_per_turn} calls per turn.", invalid=True)  # fmt: skip
-        responses = [self._run(call) for call in calls]
+        errors = [self._call_error(call) for call in calls]
+        responses = [self._run(call, error) for call, error in zip(calls, errors)]
         if answer_index < len(blocks):
             responses.append("Note: the answer in this turn was ignored because the turn also called tools; "
                              "read the results, then answer in a new turn.")  # fmt: skip
-        return self._feedback("\n".join(responses), invalid=any(call.error for call in calls))
+        return self._feedback("\n".join(responses), invalid=any(errors))
 
-    def _to_call(self, block: Block) -> _Call:
+    def _to_call(self, block: Block) -> ToolCall:
         opening, closing = self._markers[block.name]
         if not block.closed:
-            return _Call(block.name, {}, f"the {opening} tag was not closed with {closing}")
+            return ToolCall(block.name, error=f"the {opening} tag was not closed with {closing}")
         if block.name == "tool_call":
             parsed = parse_json_tool_calls(f"<tool_call>{block.content}</tool_call>")
             if not parsed:
-                return _Call("tool_call", {}, 'a <tool_call> must hold {"name": ..., "arguments": {...}}')
-            return _Call(parsed[0].name or "tool_call", parsed[0].arguments, parsed[0].error)
-        return _Call(block.name, {TOOLS[block.name].argument: block.content})
+                return ToolCall("tool_call", error='a <tool_call> must hold {"name": ..., "arguments": {...}}')
+            return parsed[0]
+        return ToolCall(block.name, {TOOLS[block.name].argument: block.content})
 
-    def _run(self, call: _Call) -> str:
-        if call.error is None and call.name not in self.tools:
-            known = "is not available in this environment" if call.name in TOOLS else "does not exist"
-            call.error = f"the tool '{call.name}' {known}; the tools are: {', '.join(self.tools)}"
-        if call.error is None:
-            call.error = validate_arguments(TOOLS[call.name], call.arguments)
+    def _call_error(self, call: ToolCall) -> str | None:
+        """Why ``call`` cannot run (malformed, an unknown tool, bad arguments), or None."""
         if call.error is not None:
+            return call.error
+        if call.name not in self.tools:
+            known = "is not available in this environment" if call.name in TOOLS else "does not exist"
+            return f"the tool '{call.name}' {known}; the tools are: {', '.join(self.tools)}"
+        return validate_arguments(TOOLS[call.name], call.arguments)
+
+    def _run(self, call: ToolCall, error: str | None) -> str:
+        if error is not None:
             self.counts["invalid_tool_calls"] += 1
-            return _response(call.name, f"Error: {call.error}.")
+            return _response(call.name or "tool_call", f"Error: {error}.")
         self.counts["tool_calls"] += 1
         self.counts[f"{call.name}_calls"] += 1
         return _response(call.name, truncate_middle(self._execute(call.name, *call.arguments.values()), self.max_output_chars))

@@ -9,6 +9,7 @@
         res = sb.run_python("print(1 + 1)")
         with sb.session() as sh:                 # persistent bash: cwd and variables carry over
             sh.run("cd /tmp && export X=1"); sh.run("echo $X $PWD")
+        sb.kill_processes()                      # sessions end, detached processes too; files stay
 
     pool = SandboxPool(size=8)
     with pool.acquire() as sb: ...               # reset (processes killed, workspace wiped) on release

@@ -154,9 +154,10 @@ class Sandbox(abc.ABC):
     """An isolated place to run model-written commands, with a private writable workspace.
 
     `run()` executes one command and returns an `ExecResult`; nothing it starts outlives it (bwrap; with
-    docker and local, a process that leaves the command's process group lives until `reset()`).
+    docker and local, a process that leaves the command's process group lives until `kill_processes()`).
     `session()` opens a persistent shell whose cwd and variables carry over between commands.
-    `reset()` kills every process and wipes the workspace; `close()` also frees the workspace and the uid.
+    `kill_processes()` ends the sessions and kills every process, keeping the workspace; `reset()` also
+    wipes the workspace; `close()` also frees the workspace and the uid.
     Paths given to `write_file`/`read_file` are relative to the workspace; leaving it is refused.
     """
 
@@ -219,15 +220,23 @@ class Sandbox(abc.ABC):
         self._check_open()
         return self._workspace.read_file(path, max_bytes)
 
+    def kill_processes(self) -> None:
+        """End every session and kill every process of this sandbox, leaving the workspace as it is.
+
+        Afterwards nothing the sandbox ran can still change the workspace: not even processes a command or a
+        session detached from itself (`setsid`, `nohup`, double forks), so a check run next sees a settled
+        state. (The unsafe `local` backend, when not running as root, finds detached processes by the
+        environment they inherited, so one that replaced its whole environment escapes it.)"""
+        self._check_open()
+        self._end_processes("the sandbox's processes were killed")
+        self._warm_up()
+
     def reset(self) -> None:
         """Kill every process of this sandbox, end its sessions and wipe the workspace."""
         self._check_open()
-        self._res.end_sessions("the sandbox was reset", keep_spare=True)  # an unused spare is still pristine
-        if self._kill_all():
-            self._res.drop_spare()
+        self._end_processes("the sandbox was reset")
         self._workspace.wipe()
-        if self.keep_warm and self._res.spare is None:
-            self._start_warm()
+        self._warm_up()
 
     def close(self) -> None:
         if self._closed:
@@ -254,8 +263,8 @@ class Sandbox(abc.ABC):
         """Start a driver shell (`shell.DRIVER_ARGV`) in the sandbox, with its setup already sent."""
 
     def _kill_all(self) -> bool:
-        """Kill whatever of this sandbox may still run after its sessions ended; True if that included the
-        spare shell. (bwrap overrides this: its PID namespaces already took everything down.)"""
+        """Kill every process of this sandbox (its sessions are ended next); True if that included the spare
+        shell. (bwrap overrides this: ending the sessions kills their PID namespaces, and with them all.)"""
         self._workspace.kill_processes()
         return True
 
@@ -264,6 +273,16 @@ class Sandbox(abc.ABC):
         return "/run/rl-io"
 
     # -- shared plumbing ----------------------------------------------------------------------------------
+    def _end_processes(self, reason: str) -> None:
+        # Killing comes first: a process detached from a session may hold the session's output open, and
+        # docker keeps ending the session waiting for that (while the process goes on running).
+        killed_spare = self._kill_all()
+        self._res.end_sessions(reason, keep_spare=not killed_spare)  # an unused spare is still pristine
+
+    def _warm_up(self) -> None:
+        if self.keep_warm and self._res.spare is None:
+            self._start_warm()
+
     def _start_warm(self) -> None:
         """Start a spare shell in the background so the next `session()` finds it (at creation and reset)."""
         self._res.set_spare(_WARMER.submit(self.spawn_shell))

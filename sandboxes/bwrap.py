@@ -202,14 +202,14 @@ class BwrapSandbox(Sandbox):
         problem = bwrap_problem()
         if problem is not None:
             raise SandboxUnavailable(problem)
-        super().__init__(limits, Workspace(), keep_warm)
-        ws = self._workspace
         binds: list[str] = []
         for item in ro_binds:
             source, target = (item, item) if isinstance(item, str) else item
             if not Path(source).exists():
                 raise FileNotFoundError(f"ro_binds: {source} does not exist")
             binds += ["--ro-bind", str(source), str(target)]
+        super().__init__(limits, Workspace(), keep_warm)
+        ws = self._workspace
         self._args = [*as_user(ws.uid), shutil.which("bwrap") or "bwrap", *system_args(limits),
                       "--ro-bind", str(sandbox_etc(limits.network)), "/etc",
                       "--ro-bind", str(ws.io_dir), INNER_IO_DIR, "--bind", str(ws.path), INNER_WORKDIR,
@@ -229,8 +229,8 @@ class BwrapSandbox(Sandbox):
                                  kill=kill_bwrap, new_session=False, pipe_owner=self._workspace.uid)
 
     def _kill_all(self) -> bool:
-        """Nothing to do: every command ran as the first process of its own PID namespace, and sessions were
-        ended by killing their namespace's init and waiting for it, so no process of this sandbox is left."""
+        """Nothing to do: every command ran as the first process of its own PID namespace, and sessions end
+        by killing their namespace's init and waiting for it, so then no process of this sandbox is left."""
         return False
 
     def spawn_shell(self) -> ShellProcess:

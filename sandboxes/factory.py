@@ -18,11 +18,12 @@ BACKEND_OPTIONS = {"bwrap": ("ro_binds", "env"), "docker": ("image", "base_image
 
 
 def backend_problem(name: str) -> str | None:
-    """Why backend `name` cannot run here, or None when it can (probes run once per process)."""
+    """Why backend `name` cannot run here with its default options, or None when it can (probes run once per
+    process). For docker that needs an engine and the default image, or its base image, present locally."""
     if name == "docker":
-        from rl_llm.sandboxes.docker_backend import docker_problem
+        from rl_llm.sandboxes.docker_backend import default_image_problem, docker_problem
 
-        return docker_problem()
+        return docker_problem() or default_image_problem()
     if name == "bwrap":
         from rl_llm.sandboxes.bwrap import bwrap_problem
 
@@ -30,6 +31,12 @@ def backend_problem(name: str) -> str | None:
     if name == "local":
         return None
     raise ValueError(f"unknown sandbox backend {name!r}; choose one of {['auto', *BACKENDS]}")
+
+
+def _engine_problem() -> str | None:
+    from rl_llm.sandboxes.docker_backend import docker_problem
+
+    return docker_problem()
 
 
 def available_backends() -> list[str]:
@@ -43,7 +50,8 @@ def resolve_backend(backend: str = "auto") -> str:
         backend = os.environ[ENV_VAR]
         log.info("sandbox backend set by %s=%s", ENV_VAR, backend)
     if backend != "auto":
-        problem = backend_problem(backend)
+        # asked for by name, docker needs only an engine: the caller may bring its own image (base_image=)
+        problem = _engine_problem() if backend == "docker" else backend_problem(backend)
         if problem is not None:
             raise SandboxUnavailable(f"sandbox backend {backend!r} cannot run here: {problem}")
         return backend

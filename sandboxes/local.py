@@ -8,14 +8,18 @@ neither bwrap nor docker can run, and only by asking for `backend="local"` expli
 
 from __future__ import annotations
 
+import functools
 import os
+import secrets
 
 from rl_llm.sandboxes.base import Command, ExecResult, Sandbox, SandboxLimits
 from rl_llm.sandboxes.bwrap import sandbox_env
 from rl_llm.sandboxes.oneshot import run_to_completion
-from rl_llm.sandboxes.processes import kill_group
+from rl_llm.sandboxes.processes import kill_by_environ, kill_group
 from rl_llm.sandboxes.shell import DRIVER_ARGV, ShellProcess, spawn_popen_shell
 from rl_llm.sandboxes.workspace import Workspace, as_user, log, running_as_root
+
+MARKER_VAR = "RL_LLM_SANDBOX_ID"
 
 
 class LocalSandbox(Sandbox):
@@ -32,9 +36,15 @@ class LocalSandbox(Sandbox):
         tmp.mkdir(mode=0o700)
         if running_as_root():
             os.chown(tmp, ws.uid, ws.gid)
+        # Without root there is no uid of the sandbox's own to kill (see `_kill_all`); its processes are then
+        # found by an environment entry they all inherit, unique to this sandbox.
+        token = secrets.token_hex(8)
         self._env = sandbox_env(str(ws.path), {"PATH": os.environ.get("PATH", os.defpath), "TMPDIR": str(tmp),
-                                               **(env or {})})
+                                               **(env or {}), MARKER_VAR: token})
         self._prefix = as_user(ws.uid)
+        self._marker = None if running_as_root() else f"{MARKER_VAR}={token}"
+        if self._marker is not None:
+            self._res.extra_cleanup.append(functools.partial(kill_by_environ, self._marker))
         log.warning("UNSAFE local sandbox at %s: commands run on the host with rlimits only (no filesystem, "
                     "network or process isolation)", ws.path)
         if keep_warm:
@@ -49,6 +59,13 @@ class LocalSandbox(Sandbox):
                                  cwd=str(self.workdir), stdin=stdin, timeout=timeout,
                                  cap=self.limits.max_output_bytes, kill=kill_group, on_exit=kill_group,
                                  pipe_owner=self._workspace.uid)
+
+    def _kill_all(self) -> bool:
+        if self._marker is None:
+            self._workspace.kill_processes()  # every process of the slot's private uid
+        else:
+            kill_by_environ(self._marker)
+        return True
 
     def spawn_shell(self) -> ShellProcess:
         return spawn_popen_shell([*self._prefix, *DRIVER_ARGV], env=self._env, cwd=str(self.workdir),

@@ -135,15 +135,23 @@ class SandboxPool:
     def _settle(self, sandbox: Sandbox, healthy: bool, was_resetting: bool = False) -> None:
         """Back to the idle queue, or closed (unhealthy, or the pool closed meanwhile)."""
         with self._cond:
-            self._busy.discard(sandbox)
             keep = healthy and not self._closed
             if keep:
                 self._idle.append(sandbox)
-            if was_resetting:
-                self._resetting -= 1
-            self._cond.notify_all()
+                self._settled(sandbox, was_resetting)
         if not keep:
-            sandbox.close()
+            try:
+                sandbox.close()
+            finally:  # only now: `close()` waits for resets to settle, and then every sandbox must be closed
+                with self._cond:
+                    self._settled(sandbox, was_resetting)
+
+    def _settled(self, sandbox: Sandbox, was_resetting: bool) -> None:
+        """Bookkeeping once a returned sandbox is idle or closed (called with the lock held)."""
+        self._busy.discard(sandbox)
+        if was_resetting:
+            self._resetting -= 1
+        self._cond.notify_all()
 
 
 # Resets run here so that releasing a sandbox never waits for its namespaces to be torn down.

@@ -8,6 +8,7 @@ import queue
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
@@ -60,6 +61,33 @@ def send(pids: Iterable[int], sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
+
+
+def kill_by_environ(entry: str, wait: float = 2.0) -> None:
+    """SIGKILL every other process whose environment holds `entry` ("NAME=value"), again until none is left
+    (or `wait` seconds passed): children forked meanwhile inherit the entry and are caught on the next pass."""
+    needle = entry.encode()
+    deadline = time.monotonic() + wait
+    while True:
+        found = [pid for pid in _pids() if needle in _environ(pid)]
+        if not found or time.monotonic() > deadline:
+            return
+        send(found, signal.SIGKILL)
+        time.sleep(0.01)
+
+
+def _pids() -> list[int]:
+    own = os.getpid()
+    return [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != own]
+
+
+def _environ(pid: int) -> list[bytes]:
+    """The environment `pid` was started with (empty for zombies and processes we may not inspect)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return handle.read().split(b"\0")
+    except OSError:
+        return []
 
 
 def kill_group(proc: subprocess.Popen[Any], timeout: float = 5.0) -> None:

@@ -58,9 +58,11 @@ def driver_setup(limits: SandboxLimits, workdir: str, status_fd: int | None) -> 
         f"exec {status} 62>&1 63>&2\n"
         # __rl_done STATUS NONCE_FILE: the nonce is read from a file so that it never appears in a command
         # line (where `set -x` or `set -v` would print it); tracing is paused while it runs, and prompts the
-        # user may have set are cleared so nothing is printed between commands.
-        "__rl_done() { { local __rl_x=$- __rl_n; set +x; } 2>/dev/null; read -r __rl_n <\"$2\"; "
-        "printf %s \"$__rl_n\" >&62; printf %s \"$__rl_n\" >&63; printf '%s %s\\n' \"$__rl_n\" \"$1\" >&61; "
+        # user may have set are cleared so nothing is printed between commands. A file already gone belongs
+        # to a marker the host stopped waiting for (an interrupted command): then nothing is printed at all.
+        "__rl_done() { { local __rl_x=$- __rl_n; set +x; } 2>/dev/null; "
+        "if { read -r __rl_n <\"$2\"; } 2>/dev/null; then printf %s \"$__rl_n\" >&62; printf %s \"$__rl_n\" >&63; "
+        "printf '%s %s\\n' \"$__rl_n\" \"$1\" >&61; fi; "
         "PS0= PS1= PS2= PROMPT_COMMAND=; [[ $__rl_x != *x* ]] || set -x; }\n"
         f"{limits.ulimit_command()} || exit 125\n"
         f"cd {shlex.quote(workdir)} || exit 125\n"
@@ -197,6 +199,12 @@ class ShellSession:
                 source = shlex.quote(files[0][1])
                 feed = shlex.quote(files[1][1]) if data is not None else "/dev/null"
                 return self._execute(f". {source} <{feed}", limit)
+            except BaseException:  # e.g. KeyboardInterrupt while waiting: the command must not run on
+                self._detach()
+                self.restarts += 1
+                self._notes.append(f"\n{_NOTE}the previous command was abandoned, so the shell was restarted; "
+                                   "its working directory and variables were reset\n")
+                raise
             finally:
                 for host, _ in files:
                     host.unlink(missing_ok=True)

@@ -1,4 +1,5 @@
-"""Oracle agents for the search and tool-call environments.
+"""Oracle agents for the search and tool-call environments, and the scripted-oracle base they share with
+the terminal oracle.
 
 An oracle reads the task's reference solution from ``env.unwrapped`` in ``start_episode`` (the searches
 that suffice, the tool calls, the gold answer), then makes exactly those calls, one per turn, and answers.
@@ -19,17 +20,30 @@ from rl_llm.types import Message
 
 
 class ScriptedOracle(Policy):
-    """Plays a per-episode plan of turns built from the env's ground truth."""
+    """Plays a per-episode plan of turns built from the env's ground truth.
+
+    Plans are keyed by the episode's first observation (the conversation's first user message), so batches
+    that hold only some of the slots still find theirs; equal first observations mean equal tasks and plans.
+    Only the plans of the episodes now running are kept.
+    """
 
     def __init__(self, seed: int | None = None) -> None:
+        self._slot_keys: dict[int, str] = {}
         self._plans: dict[str, list[str]] = {}
 
     def plan(self, env: Any) -> list[str]:
+        """The turns to play, given the unwrapped env just after reset."""
         raise NotImplementedError
+
+    def first_observation(self, env: Any) -> str:
+        return env.initial_observation
 
     def start_episode(self, slot: int, env: gym.Env, info: dict[str, Any]) -> None:
         base = env.unwrapped
-        self._plans[base.initial_observation] = self.plan(base)
+        key = self.first_observation(base)
+        self._slot_keys[slot] = key
+        self._plans = {k: self._plans[k] for k in self._slot_keys.values() if k in self._plans}  # drop ended ones
+        self._plans[key] = self.plan(base)
 
     def act(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
         completions = []
@@ -37,7 +51,7 @@ class ScriptedOracle(Policy):
             first_user = next((m.content for m in conversation if m.role == "user"), "")
             plan = self._plans.get(first_user)
             if plan is None:
-                raise ValueError("oracle: no plan for this conversation; was start_episode called after reset?")
+                raise ValueError(f"{self.name}: no plan for this conversation; was start_episode called after reset?")
             step = sum(message.role == "assistant" for message in conversation)
             completions.append(Completion(plan[min(step, len(plan) - 1)]))
         return completions

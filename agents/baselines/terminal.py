@@ -6,13 +6,12 @@ oracle proves every task solvable and the other two show that no task passes wit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
-from rl_llm.agents.policy import Completion, Policy, TextPolicy
+from rl_llm.agents.baselines.search import ScriptedOracle
+from rl_llm.agents.policy import TextPolicy
 from rl_llm.types import Message
 
 DONE = "<action>done</action>"
@@ -22,38 +21,19 @@ def command_turn(command: str) -> str:
     return f"<command>{command}</command>"
 
 
-class TerminalOracle(Policy):
-    """Runs the task's solution commands one per turn, then says done (needs ``start_episode``).
-
-    Plans are keyed by the task description (the conversation's first user message), so batches that hold
-    only some of the slots still find their plan; equal descriptions mean equal tasks and equal plans.
-    """
+class TerminalOracle(ScriptedOracle):
+    """Runs the task's solution commands one per turn, then says done (needs ``start_episode``)."""
 
     name = "oracle"
 
-    def __init__(self, seed: int | None = None) -> None:
-        self._slot_tasks: dict[int, str] = {}
-        self._plans: dict[str, list[str]] = {}
+    def first_observation(self, env: Any) -> str:
+        return env.current_task.description
 
-    def start_episode(self, slot: int, env: gym.Env, info: dict[str, Any]) -> None:
-        task = env.unwrapped.current_task
-        limit = env.unwrapped.max_turns - 1
+    def plan(self, env: Any) -> list[str]:
+        task, limit = env.current_task, env.max_turns - 1
         if len(task.solution) > limit:
             raise ValueError(f"task {task.task_id} needs {len(task.solution)} commands, more than {limit} turns allow")
-        self._slot_tasks[slot] = task.description
-        self._plans = {d: self._plans.get(d, []) for d in self._slot_tasks.values()}  # drop finished ones
-        self._plans[task.description] = [command_turn(command) for command in task.solution] + [DONE]
-
-    def act(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
-        return [Completion(self._next(conversation)) for conversation in conversations]
-
-    def _next(self, conversation: Sequence[Message]) -> str:
-        description = next((m.content for m in conversation if m.role == "user"), None)
-        plan = self._plans.get(description or "")
-        if plan is None:
-            raise RuntimeError("TerminalOracle: no plan for this conversation; call start_episode() after reset")
-        turns = sum(1 for message in conversation if message.role == "assistant")
-        return plan[min(turns, len(plan) - 1)]
+        return [command_turn(command) for command in task.solution] + [DONE]
 
 
 class DoNothing(TextPolicy):

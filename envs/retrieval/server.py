@@ -120,10 +120,16 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path != "/retrieve":
             self._send(404, {"error": f"unknown path {self.path}; use POST /retrieve"})
             return
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY_BYTES:  # a negative length would read until the client hangs up
             self.close_connection = True
-            self._send(413, {"error": f"request body over {MAX_BODY_BYTES} bytes"})
+            if length > MAX_BODY_BYTES:
+                self._send(413, {"error": f"request body over {MAX_BODY_BYTES} bytes"})
+            else:
+                self._send(400, {"error": "Content-Length must be a non-negative integer"})
             return
         try:
             body = json.loads(self.rfile.read(length) or b"null")

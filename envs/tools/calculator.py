@@ -19,8 +19,17 @@ _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
     ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
 }  # fmt: skip
 _UNARY: dict[type[ast.unaryop], Callable[[float], float]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+
+
+def _round(value: float, ndigits: int | None = None) -> float:
+    # round(2, -10**8) computes 10**(10**8): bound the digits like every other integer here.
+    if ndigits is not None and abs(ndigits) > MAX_INT_DIGITS:
+        raise CalculatorError(f"round() keeps at most {MAX_INT_DIGITS} digits")
+    return round(value, ndigits)
+
+
 _FUNCTIONS: dict[str, Callable[..., float]] = {
-    "abs": abs, "round": round, "min": min, "max": max, "sqrt": math.sqrt, "log": math.log, "log10": math.log10,
+    "abs": abs, "round": _round, "min": min, "max": max, "sqrt": math.sqrt, "log": math.log, "log10": math.log10,
     "exp": math.exp, "floor": math.floor, "ceil": math.ceil,
 }  # fmt: skip
 _CONSTANTS = {"pi": math.pi, "e": math.e}

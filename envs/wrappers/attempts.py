@@ -3,8 +3,9 @@
 Both wrap any env with a verifiable final answer. The protocol such an env follows:
 
 - it ends its episode (``terminated=True``) on the step where the agent gives its final answer;
-- it reports whether the answer is right as ``info["correct"]`` (bool) on that step; an env that does not
-  is judged by its terminal reward (right when ``reward > success_threshold``, default 0);
+- it reports whether the answer is right on that step, as ``info["correct"]`` (bool) or as
+  ``info["metrics"]["correct"]`` (1.0 or 0.0, what Search-v0 and ToolCalls-v0 report); an env that reports
+  neither is judged by its terminal reward (right when ``reward > success_threshold``, default 0);
 - optionally ``info["answer"]``, the answer it extracted (else the last ``<answer>`` tag, else the action),
   used to count repeated answers;
 - ``reset`` with the same seed and options gives the same task (DESIGN.md §2).
@@ -27,6 +28,16 @@ from rl_llm.envs.parsing import extract_tag
 
 def normalise_answer(answer: str) -> str:
     return " ".join(answer.split()).lower()
+
+
+def reported_correct(info: dict[str, Any]) -> bool | None:
+    """Whether the env says the final answer is right: ``info["correct"]`` (a bool), else
+    ``info["metrics"]["correct"]``; None when it says neither (the caller then judges by the reward)."""
+    correct = info.get("correct")
+    if isinstance(correct, (bool, np.bool_)):
+        return bool(correct)
+    metrics = info.get("metrics") or {}
+    return bool(metrics["correct"]) if "correct" in metrics else None
 
 
 class _Attempts(gym.Wrapper[str, str, str, str]):
@@ -110,8 +121,8 @@ class _Attempts(gym.Wrapper[str, str, str, str]):
         if not isinstance(answer, str):
             answer = extract_tag(action, "answer", last=True) or action
         self._answers.append(normalise_answer(answer))
-        correct = info.get("correct")
-        return bool(correct) if isinstance(correct, (bool, np.bool_)) else reward > self.success_threshold
+        correct = reported_correct(info)
+        return correct if correct is not None else reward > self.success_threshold
 
     def _result(
         self, observation: str, rewards: dict[str, float], terminated: bool, truncated: bool, info: dict[str, Any],
@@ -160,7 +171,7 @@ class TryAgain(_Attempts):
 
     ## Arguments
     ``max_attempts`` (5), ``gamma`` (0.5), ``repetition_lambda`` (0.5), ``format_penalty`` (0.0),
-    ``feedback``, ``success_threshold`` (0.0, used when the env reports no ``info["correct"]``).
+    ``feedback``, ``success_threshold`` (0.0, used when the env reports no verdict, see the module docstring).
     """
 
     def __init__(

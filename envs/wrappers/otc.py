@@ -22,6 +22,8 @@ from typing import Any
 
 import gymnasium as gym
 
+from rl_llm.envs.wrappers.attempts import reported_correct
+
 
 def otc_ppo_tool_reward(calls: int, c: float = 1.0) -> float:
     """``cos(m pi / (2m + c))``: 1 with no call, decaying towards 0 as calls grow (faster for smaller c)."""
@@ -104,8 +106,8 @@ class OptimalToolCalls(gym.Wrapper):
 
     Arguments: ``variant`` ("grpo" or "ppo"), ``alpha`` (1.0), ``c`` (1.0), ``tracker`` (default: the process-
     wide ``SHARED_TRACKER``), ``use_task_optimum`` (True: take the env's ``optimal_tool_calls`` into n).
-    The env must report ``metrics["tool_calls"]``; correctness is ``metrics["correct"]`` when present, else a
-    positive return. Rewards before the last step pass through; the last step carries the difference, in
+    The env must report ``metrics["tool_calls"]``; correctness is what the env reports (``info["correct"]`` or
+    ``metrics["correct"]``, see ``attempts.reported_correct``), else a positive return. Rewards before the last step pass through; the last step carries the difference, in
     the ``otc`` reward component, so the episode sums to ``alpha * r_tool * return``. The last step's metrics
     gain ``otc_r_tool`` and (GRPO, when known) ``otc_optimal_calls``.
     """
@@ -140,7 +142,8 @@ class OptimalToolCalls(gym.Wrapper):
             raise KeyError("OptimalToolCalls needs an environment that reports info['metrics']['tool_calls']")
         calls = int(metrics["tool_calls"])
         base_return = self._paid + reward
-        correct = bool(metrics["correct"]) if "correct" in metrics else base_return > 0
+        verdict = reported_correct(info)
+        correct = verdict if verdict is not None else base_return > 0
         self.tracker.observe(self._task_id, calls, correct)
         r_tool = self._tool_reward(calls, metrics)
         final = self.alpha * r_tool * base_return - self._paid

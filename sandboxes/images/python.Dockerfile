@@ -4,7 +4,8 @@
 # Debian slim images already carry what the sandbox needs: bash, coreutils, util-linux (setsid) and python3.
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
-RUN mkdir -p /workspace /run/rl-io && chmod 1777 /workspace
+# No home directories: the sandbox user's home is /workspace, and / shows no more than it needs.
+RUN rm -rf /home /root && mkdir -p /workspace /run/rl-io && chmod 1777 /workspace
 ENV HOME=/workspace LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /workspace
 CMD ["sleep", "infinity"]

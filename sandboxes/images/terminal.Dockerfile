@@ -10,7 +10,8 @@ FROM ${BASE_IMAGE}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends git sqlite3 jq gawk file procps less tree xz-utils zip unzip bzip2 \
  && rm -rf /var/lib/apt/lists/*
-RUN mkdir -p /workspace /run/rl-io && chmod 1777 /workspace
+# No home directories: the sandbox user's home is /workspace, and / shows no more than it needs.
+RUN rm -rf /home /root && mkdir -p /workspace /run/rl-io && chmod 1777 /workspace
 ENV HOME=/workspace LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 GIT_CONFIG_NOSYSTEM=1
 WORKDIR /workspace
 CMD ["sleep", "infinity"]

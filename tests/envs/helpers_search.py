@@ -1,4 +1,4 @@
-"""Playing every task of an environment with a policy (used by the search and tool-call tests)."""
+"""Playing episodes of an environment with a policy (used by the search, tool-call and terminal tests)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,22 @@ from rl_llm.agents.policy import Policy
 from rl_llm.types import Message
 
 
-def play_task(env: gym.Env, policy: Policy, index: int) -> dict[str, Any]:
-    """One episode on task ``index``; returns the final step's info plus the return and the turn count."""
-    observation, info = env.reset(seed=index, options={"task_index": index})
+def play(env: gym.Env, policy: Policy, seed: int, options: dict[str, Any] | None = None) -> tuple[float, dict[str, Any]]:
+    """One episode of ``policy``: (return, the final step's info plus ``terminated``)."""
+    observation, info = env.reset(seed=seed, options=options)
     policy.start_episode(0, env, info)
     messages = [Message("system", info["system_prompt"]), Message("user", observation)]
     total, done = 0.0, False
     while not done:
         action = policy.act([messages])[0].text
-        observation, reward, terminated, truncated, step_info = env.step(action)
+        observation, reward, terminated, truncated, info = env.step(action)
         messages += [Message("assistant", action), Message("user", observation)]
         total += reward
         done = terminated or truncated
-    return {**step_info, "return": total, "terminated": terminated}
+    return total, {**info, "terminated": terminated}
+
+
+def play_task(env: gym.Env, policy: Policy, index: int) -> dict[str, Any]:
+    """One episode on task ``index``; returns the final step's info plus the return and ``terminated``."""
+    total, info = play(env, policy, index, {"task_index": index})
+    return {**info, "return": total}

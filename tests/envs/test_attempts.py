@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 from hypothesis import given
 from hypothesis import strategies as st
 
+import rl_llm  # noqa: F401
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.parsing import extract_tag
 from rl_llm.envs.wrappers import MultiAttempt, TryAgain
@@ -150,3 +152,15 @@ def test_wrappers_survive_arbitrary_text_and_always_end(wrapper, actions: list[s
             break
     else:
         pytest.fail("the wrapped episode did not end within max_attempts * max_turns")
+
+
+def test_the_envs_reported_verdict_beats_a_positive_reward_for_a_wrong_answer() -> None:
+    # Search-R1's format-aware reward gives a well-formed wrong answer 0.2: the metrics say it is wrong.
+    env = TryAgain(gym.make("rl-llm/Search-v0", reward="em_format"), max_attempts=2)
+    env.reset(seed=0)
+    task = env.unwrapped.current_task
+    env.step(f"<think>look it up</think>\n<search>{task.oracle_queries[0]}</search>")
+    observation, reward, terminated, _, info = env.step("<think>a guess</think>\n<answer>nobody</answer>")
+    assert info["inner_reward_components"]["em_format"] > 0 and info["metrics"]["correct"] == 0.0
+    assert (observation, reward, terminated) == ("Incorrect. Please think again.", 0.0, False)
+    assert info["metrics"]["success"] == 0.0

@@ -31,7 +31,8 @@ def test_calculator_evaluates_arithmetic(expression, value) -> None:
      ("10 ** 400", "limited to 300 digits"), ("1 / 0", "division by zero"), ("1,234 + 1", "commas"),
      ("2 ^ 3", "write a \\*\\* b"), ("exp(1000)", "too large"), ("sqrt(-1)", "invalid operation"), ("", "empty"),
      ("1 +", "not a valid arithmetic expression"), ("1" * 600, "over 500 characters"), ("-" * 300 + "1", "nested"),
-     ("max()", "1 to 8"), ("True + 1", "only numbers"), ("(-8) ** 0.5", "not a real number")],
+     ("max()", "1 to 8"), ("True + 1", "only numbers"), ("(-8) ** 0.5", "not a real number"),
+     ("round(2, -10 ** 8)", "at most 300 digits")],
 )  # fmt: skip
 def test_calculator_refuses_everything_else_with_a_reason(expression, message) -> None:
     with pytest.raises(CalculatorError, match=message):

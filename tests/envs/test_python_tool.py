@@ -91,3 +91,12 @@ def test_code_sees_no_host_environment_or_processes(env, monkeypatch) -> None:
 def test_files_do_not_survive_into_the_next_episode(env) -> None:
     run_python(env, "open('note.txt', 'w').write('kept?')")
     assert "FileNotFoundError" in run_python(env, "print(open('note.txt').read())")  # reset wiped the workspace
+
+
+def test_the_envs_output_limit_applies_to_python_too() -> None:
+    env = gym.make("rl-llm/ToolCalls-v0", tools=("python",), max_output_chars=5000)
+    try:
+        observation = run_python(env, "print('x' * 3000)")
+    finally:
+        env.close()
+    assert "x" * 3000 in observation and "truncated" not in observation

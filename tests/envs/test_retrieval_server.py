@@ -3,6 +3,7 @@ micro-batching, bad requests, and the Search environment using it."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
@@ -85,6 +86,18 @@ def test_bad_requests_get_clear_errors(server) -> None:
                                                             "return_scores": False})  # fmt: skip
         assert plain.json()["result"][0][0]["title"] == bundled_kb().passages[0].title  # Search-R1 layout
     assert RetrieverClient(server.url).search_batch([], 3) == []
+
+
+@pytest.mark.parametrize("length", ["-1", "twelve"])
+def test_a_bad_content_length_is_refused_at_once(server, length) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as connection:
+        connection.sendall(f"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode())
+        reply = b""
+        while chunk := connection.recv(4096):  # the server closes the connection after refusing
+            reply += chunk
+    reply = reply.decode()
+    assert reply.startswith("HTTP/1.1 400") and "Content-Length must be a non-negative integer" in reply
 
 
 def test_client_reports_an_unreachable_server(retriever) -> None:

@@ -39,7 +39,7 @@ def test_oracle_solves_every_bundled_question_with_exactly_the_needed_searches(p
         assert result["terminated"] and result["metrics"]["correct"] == 1.0, tasks[index].question
         assert result["return"] == pytest.approx(best)
         assert result["metrics"]["tool_calls"] == tasks[index].optimal_tool_calls
-        assert result["metrics"]["invalid_actions"] == 0
+        assert result["metrics"]["invalid_actions"] == 0 and result["metrics"]["retrieval_hit"] == 1.0
 
 
 def test_search_r1_format_reward_table() -> None:
@@ -106,6 +106,7 @@ def test_malformed_actions_get_a_specific_corrective_observation(env, action, re
     assert "<search> and </search>" in observation and "<answer> and </answer>" in observation
     assert info["invalid_action"] and not terminated and reward == 0.0
     assert info["metrics"]["invalid_actions"] == 1 and info["metrics"]["tool_calls"] == 0
+    assert info["metrics"]["retrieval_hit"] == 0.0
 
 
 def test_fifty_searches_in_one_turn_run_only_the_first_and_say_so(env) -> None:

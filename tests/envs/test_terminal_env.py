@@ -13,11 +13,10 @@ import pytest
 import rl_llm  # noqa: F401
 from rl_llm.agents.baselines.terminal import DoNothing, RandomCommands, TerminalOracle
 from rl_llm.agents.evaluate import run_episodes
-from rl_llm.agents.policy import Policy
 from rl_llm.envs.terminal import FAMILIES, TerminalTask, generate_task, load_task_folder
 from rl_llm.envs.terminal_env import INVALID_ACTION, TerminalEnv, parse_turn
 from rl_llm.sandboxes import SandboxPool, available_backends, make
-from rl_llm.types import Message
+from tests.envs.helpers_search import play
 from tests.envs.test_terminal_tasks import BASH_TEST, PY_TEST, write_task
 
 ISOLATING = [name for name in available_backends() if name != "local"]
@@ -35,21 +34,6 @@ def env() -> Iterable[TerminalEnv]:
     environment = TerminalEnv(command_timeout_s=5.0)
     yield environment
     environment.close()
-
-
-def play(env: TerminalEnv, policy: Policy, seed: int, options: dict | None = None) -> tuple[float, dict]:
-    """One episode of ``policy``; (return, final info)."""
-    observation, info = env.reset(seed=seed, options=options)
-    policy.start_episode(0, env, info)
-    messages = [Message("system", info["system_prompt"]), Message("user", observation)]
-    total, done = 0.0, False
-    while not done:
-        action = policy.act([messages])[0].text
-        observation, reward, terminated, truncated, info = env.step(action)
-        messages += [Message("assistant", action), Message("user", observation)]
-        total += reward
-        done = terminated or truncated
-    return total, info
 
 
 AGENTS = {"oracle": TerminalOracle, "do_nothing": DoNothing, "random": RandomCommands}

@@ -118,14 +118,27 @@ def test_filling_the_disk_scores_zero_and_is_wiped(env: TerminalEnv) -> None:
     assert_next_episode_is_clean(env)
 
 
+LEFTOVERS = TerminalTask(  # the check waits 2 s, then looks for a file an escaped job of the agent writes after 1 s
+    "test/leftovers", "custom", 1, "Write 42 to answer.txt.",
+    checks=({"kind": "file_text", "path": "answer.txt", "expected": "42", "mode": "stripped"},
+            {"kind": "bash_test", "source": "sleep 2\n[ ! -e intruder.txt ]\n"}))  # fmt: skip
+# The sleep gives the job time to leave the shell's process group before the agent says done.
+ESCAPE = "setsid nohup sh -c 'sleep 1; touch intruder.txt; echo 0 > answer.txt' >/dev/null 2>&1 & disown; sleep 0.3"
+
+
 def test_agent_processes_are_gone_before_the_check_runs(env: TerminalEnv) -> None:
-    # The check waits 2 s and then looks for a file the agent's escaped background job writes after 1 s.
-    task = TerminalTask("test/leftovers", "custom", 1, "Write 42 to answer.txt.",
-                        checks=({"kind": "file_text", "path": "answer.txt", "expected": "42", "mode": "stripped"},
-                                {"kind": "bash_test", "source": "sleep 2\n[ ! -e intruder.txt ]\n"}))
-    escape = "setsid nohup sh -c 'sleep 1; touch intruder.txt; echo 0 > answer.txt' >/dev/null 2>&1 & disown"
-    assert attempt(env, task, "echo 42 > answer.txt", escape)[0] == 1.0
+    assert attempt(env, LEFTOVERS, "echo 42 > answer.txt", ESCAPE)[0] == 1.0
     assert_next_episode_is_clean(env)
+
+
+def test_detached_processes_are_killed_before_the_check_where_the_session_cannot_end_them() -> None:
+    # bwrap ends them with the session's PID namespace; on local (and docker) a setsid'd process outlives the
+    # session, so the env has the sandbox kill every process it runs before the check.
+    env = TerminalEnv(sandbox="local")
+    try:
+        assert attempt(env, LEFTOVERS, "echo 42 > answer.txt", ESCAPE)[0] == 1.0
+    finally:
+        env.close()
 
 
 def test_planted_modules_and_forged_verdicts_do_not_pass(env: TerminalEnv) -> None:

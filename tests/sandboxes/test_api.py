@@ -178,6 +178,19 @@ def test_auto_never_falls_back_to_local(monkeypatch):
         resolve_backend("auto")
 
 
+def test_auto_passes_docker_over_when_its_image_cannot_be_had(monkeypatch):
+    # An engine that answers but has neither the sandbox image nor its base image (and sandboxes never pull):
+    # `auto` must not pick docker and then fail; asked for by name (the caller may bring a base_image), it may.
+    monkeypatch.delenv("RL_LLM_SANDBOX", raising=False)
+    monkeypatch.setattr("rl_llm.sandboxes.docker_backend.docker_problem", lambda: None)
+    monkeypatch.setattr("rl_llm.sandboxes.docker_backend.default_image_problem",
+                        lambda: "base image 'python:3.11-slim' is not present locally")
+    monkeypatch.setattr("rl_llm.sandboxes.factory.ISOLATING", ("docker", "local"))  # local stands in for bwrap
+    assert backend_problem("docker") == "base image 'python:3.11-slim' is not present locally"
+    assert resolve_backend("auto") == "local"
+    assert resolve_backend("docker") == "docker"
+
+
 def test_env_var_overrides_auto(monkeypatch):
     monkeypatch.setenv("RL_LLM_SANDBOX", "local")
     assert resolve_backend("auto") == "local"

@@ -4,6 +4,7 @@ resource attacks run on every backend, `local` included (it has rlimits but no i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import socket
 import threading
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_llm.sandboxes import Sandbox, SandboxPathError, make
+from rl_llm.sandboxes import Sandbox, SandboxError, SandboxPathError, make
 from rl_llm.sandboxes.workspace import running_as_root
 
 from .conftest import TEST_LIMITS, processes_of_uid, require_backend
@@ -70,7 +71,8 @@ def test_no_controlling_terminal_to_inject_into(isolated):
     res = isolated.run_python("import os\ntry:\n    os.open('/dev/tty', os.O_RDWR)\n    print('OPENED')\n"
                               "except OSError as exc:\n    print('REFUSED', exc.errno)")
     assert res.stdout.startswith("REFUSED"), res
-    assert isolated.run("ls /dev/pts /dev/console 2>/dev/null").stdout == ""
+    assert isolated.run("ls -A /dev/pts 2>/dev/null; ls /dev/console 2>/dev/null").stdout == ""
+    assert isolated.run_python("import os; os.openpty()").exit_code != 0  # and none can be made
     assert_host_intact(isolated)
 
 
@@ -171,10 +173,60 @@ def test_background_processes_do_not_outlive_the_command(sandbox):
     res = sandbox.run("sleep 300 & setsid sleep 301 & nohup sleep 302 >/dev/null 2>&1 & (sleep 303 &); "
                       "echo launched", timeout=10)
     assert res.stdout == "launched\n" and res.duration_s < 5  # did not wait for the sleeps
-    if sandbox.backend == "local":
-        sandbox.reset()  # setsid escapes the process group of an unisolated command; reset catches it
+    if sandbox.backend != "bwrap":
+        sandbox.kill_processes()  # setsid escapes the command's process group (the documented limit)
     assert_no_processes_left(sandbox)
     assert_host_intact(sandbox)
+
+
+def detached(command: str, name: str, where: str = "$TMPDIR") -> str:
+    """Shell code starting `command` in a session of its own (out of reach of process-group kills), and
+    waiting until it is: otherwise the group kill after a one-off command could catch it before its setsid."""
+    ready = f'"{where}/ready-{name}"'
+    return (f"setsid sh -c 'touch {ready}; {command}' >/dev/null 2>&1 & "
+            f"while [ ! -e {ready} ]; do sleep 0.01; done")
+
+
+def test_kill_processes_ends_detached_processes_and_keeps_the_workspace(sandbox):
+    sandbox.write_file("kept.txt", "still here")
+    session = sandbox.session()
+    session.run(detached("sleep 1; echo late > from-session.txt", "session") + "; sleep 300 &")
+    sandbox.run(detached("sleep 1; echo late > from-run.txt", "run"))
+    sandbox.kill_processes()
+    with pytest.raises(SandboxError, match="killed"):
+        session.run("true")  # sessions end too
+    assert_no_processes_left(sandbox)
+    time.sleep(1.5)
+    assert sorted(path.name for path in sandbox.workdir.iterdir()) == ["kept.txt"]  # nothing wrote late
+    with sandbox.session() as fresh:
+        assert fresh.run("cat kept.txt").stdout == "still here"
+    assert_host_intact(sandbox)
+
+
+def test_local_without_root_finds_its_processes_by_their_environment(monkeypatch):
+    # Not root: no private uid to kill by, so the local backend recognises its processes by an environment
+    # entry unique to the sandbox. (Running as root here, commands still run as the slot uid; only how the
+    # backend finds them changes.)
+    monkeypatch.setattr("rl_llm.sandboxes.local.running_as_root", lambda: False)
+    sb = make("local", **TEST_LIMITS)
+    marker = sb._marker.encode()
+
+    def marked() -> list[str]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if entry.name.isdigit() and marker in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(entry.name)
+        return found
+
+    sb.run(detached("sleep 300", "first", where="."))  # (the patch also left the private TMPDIR root's)
+    assert marked()
+    sb.kill_processes()
+    assert marked() == []
+    sb.run(detached("sleep 301", "second", where="."))
+    assert marked()
+    sb.close()
+    assert marked() == []
 
 
 # -- resources ---------------------------------------------------------------------------------------------

@@ -102,6 +102,17 @@ def test_acquire_waits_times_out_and_refuses_after_close():
         pass
 
 
+def test_close_returns_only_once_a_sandbox_still_resetting_is_closed():
+    require_backend("bwrap")
+    pool = SandboxPool(size=1, backend="bwrap", warm=False, **TEST_LIMITS)
+    with pool.acquire() as sb:
+        sb._res.extra_cleanup.append(lambda: time.sleep(0.5))  # a slow close, like removing a container
+        sb.reset = lambda: (time.sleep(0.2), type(sb).reset(sb))  # still resetting when the pool closes
+        workdir = sb.workdir
+    pool.close()
+    assert sb.closed and not workdir.exists()
+
+
 def test_a_sandbox_broken_by_its_user_is_replaced():
     require_backend("bwrap")
     with SandboxPool(size=1, backend="bwrap", **TEST_LIMITS) as pool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -105,7 +107,9 @@ def test_command_ignoring_sigint_is_killed_and_state_kept(session):
     res = session.run("python3 -c 'import signal, time; signal.signal(2, signal.SIG_IGN); time.sleep(60)'",
                       timeout=1.0)
     assert_timely(res, 1.0 + INTERRUPT_GRACE_S)
+    assert res.stdout == res.stderr == ""  # no trace of the markers the host gave up waiting for
     assert session.run("echo $KEEP").stdout == "1\n"
+    assert session.restarts == 0  # the command was killed, not the shell
 
 
 def test_uninterruptible_shell_is_replaced(session):
@@ -114,6 +118,19 @@ def test_uninterruptible_shell_is_replaced(session):
     assert "restarted" in res.stderr
     assert session.run("echo back").stdout == "back\n"
     assert session.restarts == 1
+
+
+def test_a_command_abandoned_by_keyboard_interrupt_stops(sandbox, session):
+    session.run("cd /tmp")
+    interrupter = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))  # Ctrl-C while it runs
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):
+        session.run("sleep 1.5; echo late > late.txt", timeout=30)
+    interrupter.join()
+    time.sleep(2)
+    assert not (sandbox.workdir / "late.txt").exists()  # it did not go on running in the shell
+    res = session.run("pwd")
+    assert res.ok and "restarted" in res.stderr and session.restarts == 1
 
 
 def test_exit_and_self_kill_restart_the_shell(session):

@@ -139,6 +139,11 @@ class ServerStats:
     reaped: int = 0
 
 
+class CallTimedOut(Exception):
+    """An env call ran past its time limit (and goes on in its thread). Not ``TimeoutError``, which an env may
+    raise itself, e.g. when it cannot get a sandbox in time: that is an env error, not a timeout here."""
+
+
 class EnvServer:
     """The session table and the FastAPI app around it (``server.app``)."""
 
@@ -154,14 +159,15 @@ class EnvServer:
 
     # -- env calls in the pool, with a timeout ---------------------------------------------------------------
     async def _call(self, future: Future[T], timeout: float, on_late: Callable[[Future[T]], None]) -> T:
-        """Await a pool call; on timeout ``on_late(future)`` runs once the stuck call finally returns."""
-        try:
-            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
-        except asyncio.TimeoutError:
+        """Await a pool call; past ``timeout`` raise ``CallTimedOut`` and run ``on_late(future)`` once the stuck
+        call finally returns."""
+        done, _ = await asyncio.wait([asyncio.wrap_future(future)], timeout=timeout)
+        if not done:
             with self._stats_lock:
                 self.stats.timeouts += 1
             future.add_done_callback(on_late)
-            raise
+            raise CallTimedOut
+        return future.result()
 
     def _close_env(self, env: gym.Env) -> None:
         try:
@@ -198,7 +204,7 @@ class EnvServer:
         session.running = self._executor.submit(fn)
         try:
             return await self._call(session.running, self.config.step_timeout_s, on_late=lambda _: None)
-        except asyncio.TimeoutError:
+        except CallTimedOut:
             self._drop(session)  # its env is closed once the stuck call returns
             raise HTTPException(
                 504, f"{what} timed out after {self.config.step_timeout_s:g}s; session {session.id!r} was closed"
@@ -253,10 +259,12 @@ class EnvServer:
 
         try:
             return await self._call(self._executor.submit(build), self.config.create_timeout_s, self._close_late_env)
-        except asyncio.TimeoutError:
+        except CallTimedOut:
             raise HTTPException(504, f"creating {env_id} timed out after {self.config.create_timeout_s:g}s") from None
         except (TypeError, ValueError) as error:
             raise HTTPException(400, f"cannot create {env_id} with kwargs {kwargs}: {error}") from None
+        except Exception as error:
+            raise HTTPException(500, f"creating {env_id} failed: {type(error).__name__}: {error}") from None
 
     def _close_late_env(self, future: Future[gym.Env]) -> None:
         if not future.cancelled() and future.exception() is None:
@@ -300,10 +308,10 @@ class EnvServer:
         """Close sessions idle for longer than ``session_ttl_s``; returns how many."""
         now = time.monotonic()
         expired = [s for s in self.sessions.values() if not s.busy and now - s.last_used > self.config.session_ttl_s]
+        with self._stats_lock:  # counted first: whoever sees the sessions gone also sees why
+            self.stats.reaped += len(expired)
         for session in expired:
             self._drop(session)
-        with self._stats_lock:
-            self.stats.reaped += len(expired)
         return len(expired)
 
     async def _reaper(self) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -116,16 +117,18 @@ def _agent_loop_class() -> type:
             self.max_new_tokens = max_new_tokens
             self.response_length = int(self.rollout_config.response_length)
 
-        async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs: Any) -> AgentLoopOutput:
             factory, task = episode_spec(kwargs, self.env_id, self.env_kwargs)
             loop = asyncio.get_running_loop()
             env = await loop.run_in_executor(None, MessageEnv, factory)
             try:
-                return await self._play(env, task, sampling_params)
+                return await self._play(env, task, sampling_params, int(priority))  # may come as np.int64
             finally:
                 await loop.run_in_executor(None, env.close)
 
-        async def _play(self, env: MessageEnv, task: TaskSpec, sampling_params: dict[str, Any]) -> AgentLoopOutput:
+        async def _play(
+            self, env: MessageEnv, task: TaskSpec, sampling_params: dict[str, Any], priority: int
+        ) -> AgentLoopOutput:
             loop = asyncio.get_running_loop()
             messages = await loop.run_in_executor(None, env.reset, task)
             stop = [s for s in env.reset_info.get("stop", []) if s]
@@ -135,7 +138,10 @@ def _agent_loop_class() -> type:
             rewards: list[float] = []
             info: dict[str, Any] = {}
             timing: dict[str, float] = {}
-            request_id = f"rl-llm-{id(env)}"
+            # one id per episode, so every turn goes to the server holding its prefix (verl's sticky sessions);
+            # under full determinism it follows the sample, as in verl's own agent loops
+            deterministic = getattr(self.rollout_config, "full_determinism", False)
+            request_id = f"det-{priority}" if deterministic else uuid.uuid4().hex
             while len(mask) < self.response_length:
                 budget = self.response_length - len(mask)
                 params = {**sampling_params, "max_tokens": min(self.max_new_tokens or budget, budget)}
@@ -143,7 +149,7 @@ def _agent_loop_class() -> type:
                     params |= {"stop": stop, "include_stop_str_in_output": True}
                 with simple_timer("generate_sequences", timing):
                     output = await self.server_manager.generate(
-                        request_id=request_id, prompt_ids=runtime_ids, sampling_params=params
+                        request_id=request_id, prompt_ids=runtime_ids, sampling_params=params, priority=priority
                     )
                 if logprobs is None and output.log_probs:
                     logprobs = [0.0] * len(mask)  # only reached on the first turn, where mask is empty

@@ -45,6 +45,8 @@ class HangEnv(TextEnv):
             self.release.wait(60)
         if action == "boom":
             raise KeyError("env bug")
+        if action == "no-sandbox":  # an env's own timeout (e.g. SandboxPool.acquire) is an env error
+            raise TimeoutError("no sandbox free within 0.1 s")
         return Outcome(f"echo {action}", {"echo": 1.0})
 
 
@@ -69,6 +71,8 @@ class EnvLedger:
     closed: list[gym.Env] = field(default_factory=list)
 
     def make(self, env_id: str, kwargs: dict[str, Any]) -> gym.Env:
+        if kwargs.get("broken"):
+            raise RuntimeError("cannot reach the sandbox daemon")
         env = HangEnv(self.release) if env_id == HANG else EnvFactory(env_id, **kwargs)()
         wrapped = CloseRecorder(env, self.closed)
         self.built.append(wrapped)
@@ -257,6 +261,26 @@ def test_env_exception_returns_500_and_closes_the_session() -> None:
         assert server.snapshot()["live_sessions"] == 0
 
 
+def test_an_env_raising_timeout_error_is_an_env_failure_not_a_server_timeout() -> None:
+    with serve(step_timeout_s=30.0) as served:
+        server, client, ledger = served.server, served.client, served.ledger
+        env = client.make(HANG)
+        env.reset()
+        with pytest.raises(EnvServerError) as error:
+            env.step("no-sandbox")
+        assert error.value.status == 500 and "TimeoutError: no sandbox free" in error.value.detail
+        assert server.snapshot()["timeouts"] == 0
+        assert wait_until(ledger.all_closed_once)
+
+
+def test_an_env_that_fails_to_build_gets_a_json_500() -> None:
+    with serve() as served:
+        response = httpx.post(served.url + "/sessions", json={"env_id": HANG, "kwargs": {"broken": True}, "count": 2})
+        assert response.status_code == 500
+        assert "RuntimeError: cannot reach the sandbox daemon" in response.json()["detail"]
+        assert served.server.snapshot()["live_sessions"] == 0
+
+
 def test_a_client_that_disappears_has_its_sessions_reaped() -> None:
     with serve(session_ttl_s=0.3, reap_interval_s=0.05) as served:
         server, ledger, url = served.server, served.ledger, served.url
@@ -267,6 +291,8 @@ def test_a_client_that_disappears_has_its_sessions_reaped() -> None:
         vanishing.close()  # gone without closing its sessions
         assert wait_until(lambda: server.snapshot()["live_sessions"] == 0)
         assert wait_until(ledger.all_closed_once)
+        # envs_closed is counted after close() returns, on a pool thread: wait for it, not just the ledger
+        assert wait_until(lambda: server.snapshot()["envs_closed"] == 4)
         stats = server.snapshot()
         assert stats["reaped"] == 4 and stats["envs_created"] == stats["envs_closed"] == 4
         with EnvClient(url) as client, pytest.raises(EnvServerError) as error:

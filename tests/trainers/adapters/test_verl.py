@@ -90,12 +90,14 @@ class TinyModelServer:
         self.policy = HFPolicy(tiny_model(), sampling=SamplingParams(temperature=1.0), seed=0)
         self.requests: list[dict[str, Any]] = []
 
-    async def generate(self, *, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any) -> Any:
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], priority: int = 0, **_: Any
+    ) -> Any:
         from verl.workers.rollout.replica import TokenOutput
 
         from rl_llm.agents.llm import GenerationRequest
 
-        self.requests.append({"prompt_ids": list(prompt_ids), **sampling_params})
+        self.requests.append({"prompt_ids": list(prompt_ids), "request_id": request_id, "priority": priority, **sampling_params})
         request = GenerationRequest(
             messages=[], prompt_ids=list(prompt_ids), stop=tuple(sampling_params.get("stop", ())),
             max_new_tokens=sampling_params["max_tokens"],
@@ -121,8 +123,8 @@ def _run_episodes(rows_path: Path, response_length: int, max_new_tokens: int) ->
 
     async def play_all() -> list[Any]:
         outputs = []
-        for sample in samples:
-            kwargs = {k: v for k, v in sample.items() if k != "dummy_tensor"}
+        for index, sample in enumerate(samples):
+            kwargs = {k: v for k, v in sample.items() if k != "dummy_tensor"} | {"priority": index}
             loop = hydra.utils.instantiate(  # exactly how verl's AgentLoopWorker builds an agent loop
                 config=entry, trainer_config=agent_loop.DictConfigWrap(config), server_manager=server,
                 tokenizer=server.policy.tokenizer, processor=None, hf_model_type=None, dataset_cls=RLHFDataset,
@@ -173,6 +175,12 @@ def test_agent_loop_plays_whole_episodes_from_a_verl_dataset(tmp_path: Path) -> 
         assert any(not keep for keep in output.response_mask)  # env replies are in the response, masked
     # each turn honoured the per-turn budget and the env's stop strings
     assert all(r["max_tokens"] == 12 and r["stop"] == ["</move>"] for r in server.requests)
+    # every turn of an episode shares its request id (verl routes it to one server) and carries its priority
+    ids_by_priority = {r["priority"]: set() for r in server.requests}
+    for r in server.requests:
+        ids_by_priority[r["priority"]].add(r["request_id"])
+    assert sorted(ids_by_priority) == [0, 1] and all(len(ids) == 1 for ids in ids_by_priority.values())
+    assert ids_by_priority[0] != ids_by_priority[1]
 
 
 def test_agent_loop_stops_at_the_response_length(tmp_path: Path) -> None:
