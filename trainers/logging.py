@@ -11,6 +11,7 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,16 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def _wait_for_a_later_event_file_name(directory: Path) -> None:
+    """TensorBoard reads a run's event files in name order, and a name starts with the creation second
+    (then host and pid). A resumed run's file created in the same second as the killed run's could sort
+    first; the killed run's ``purge_step`` marker would then wipe the resumed steps. Starting in a later
+    second keeps the files in creation order (this waits at most a second, and only on a quick resume)."""
+    stamps = [int(p.name.split(".")[3]) for p in directory.glob("events.out.tfevents.*") if p.name.split(".")[3].isdigit()]
+    while stamps and int(time.time()) <= max(stamps):
+        time.sleep(0.05)
+
+
 class MetricsWriter:
     def __init__(self, run_dir: str | Path, resume_step: int = 0, tensorboard: bool = True) -> None:
         self.run_dir = Path(run_dir)
@@ -61,7 +72,9 @@ class MetricsWriter:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tensorboard = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=resume_step + 1)
+            directory = self.run_dir / "tensorboard"
+            _wait_for_a_later_event_file_name(directory)
+            self.tensorboard = SummaryWriter(str(directory), purge_step=resume_step + 1)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **metrics}
