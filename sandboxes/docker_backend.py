@@ -114,7 +114,13 @@ def dockerfile(name: str) -> Path:
     return path
 
 
+BASE_IMAGE_ENV = "RL_LLM_DOCKER_BASE_IMAGE"  # overrides every Dockerfile's default base image
+
+
 def default_base_image(path: Path) -> str:
+    """``$RL_LLM_DOCKER_BASE_IMAGE``, else the Dockerfile's ``ARG BASE_IMAGE=`` default."""
+    if os.environ.get(BASE_IMAGE_ENV):
+        return os.environ[BASE_IMAGE_ENV]
     for line in path.read_text().splitlines():
         if line.strip().startswith("ARG BASE_IMAGE="):
             return line.split("=", 1)[1].strip()
@@ -138,7 +144,8 @@ def _present(client: Any, image: str) -> bool:
 
 
 def _no_base(base: str, path: Path) -> str:
-    return (f"base image {base!r} for {path.name} is not present locally; run `docker pull {base}` once "
+    return (f"base image {base!r} for {path.name} is not present locally; run `docker pull {base}` once, or "
+            f"build one from Debian packages (`python -m rl_llm.sandboxes.rootfs`) and set {BASE_IMAGE_ENV} "
             "(sandboxes never pull at run time)")
 
 
