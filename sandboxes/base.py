@@ -236,6 +236,7 @@ class Sandbox(abc.ABC):
         self._check_open()
         self._end_processes("the sandbox was reset")
         self._workspace.wipe()
+        self._wipe_private_dirs()
         self._warm_up()
 
     def close(self) -> None:
@@ -267,6 +268,11 @@ class Sandbox(abc.ABC):
         shell. (bwrap overrides this: ending the sessions kills their PID namespaces, and with them all.)"""
         self._workspace.kill_processes()
         return True
+
+    def _wipe_private_dirs(self) -> None:
+        """Empty the sandbox's own temporary directories at reset where they outlive its processes (docker's
+        container /tmp, local's TMPDIR). bwrap needs nothing: each command and session has a fresh /tmp."""
+        return None
 
     def _inner_io_dir(self) -> str:
         """Where the private io directory (stdin and snippet files) appears to commands."""

@@ -72,6 +72,10 @@ exit 0
 """
 # Mounted over /dev/pts in place of the engine's devpts: no pseudo-terminals in the sandbox, as with bwrap.
 _NO_PTYS = "ro,nosuid,nodev,noexec,size=4k,mode=0555"
+# Where the driver shells note their pids: a tmpfs of its own, so the sandbox's /tmp lists only what the
+# programs in it wrote (as with bwrap, where the host holds that state).
+CONTROL_DIR = "/run/rl-ctl"
+_CONTROL_TMPFS = "rw,nosuid,nodev,noexec,size=64k,mode=1777"
 # The engine keeps an exec's streams open up to 2 s after its process exited (for output still in flight,
 # e.g. held by a detached child); past that, plus start-up slack, the in-container timer has failed.
 _HOST_GRACE_S = 5.0
@@ -180,8 +184,10 @@ def ensure_image(client: Any, name: str = "python", base_image: str | None = Non
         raise SandboxUnavailable(_no_base(base, path))
     log.info("building sandbox image %s from %s", tag, path)
     try:
+        # Builds run only our own Dockerfiles; the host network lets terminal.Dockerfile's apt-get reach the
+        # mirror on engines started without a bridge. Sandboxes themselves always run with network "none".
         client.images.build(path=str(IMAGES_DIR), dockerfile=path.name, tag=tag, pull=False, rm=True,
-                            buildargs={"BASE_IMAGE": base}, labels={LABEL: "image"})
+                            buildargs={"BASE_IMAGE": base}, labels={LABEL: "image"}, network_mode="host")
     except (docker.errors.BuildError, docker.errors.APIError) as exc:
         raise SandboxUnavailable(f"building {tag} from {path} failed: {exc}") from None
     return tag
@@ -261,7 +267,8 @@ class _ExecStream:
         with contextlib.suppress(OSError):
             self.raw.shutdown(socket.SHUT_RDWR)  # the demux thread sees the stream end
         close_fds(self.out_read, self.err_read)  # and gets EPIPE if it was blocked writing to them
-        self._thread.join(5)
+        if self._thread is not threading.current_thread():  # a dropped shell's finalizer may run in its own
+            self._thread.join(5)  # demux thread (GC happens anywhere); it then ends on the closed socket
         for sock in (self.sock, self.raw):  # the SDK's file wrapper, then the socket (frees the fd now)
             with contextlib.suppress(OSError):
                 sock.close()
@@ -273,7 +280,7 @@ class DockerShell(ShellProcess):
 
     def __init__(self, user: _ContainerUser, setup: bytes) -> None:
         self._as_user = user
-        self._pid_file = f"/tmp/.rl-shell-{secrets.token_hex(8)}"
+        self._pid_file = f"{CONTROL_DIR}/shell-{secrets.token_hex(8)}"
         argv = ["setsid", "-w", *DRIVER_ARGV]  # own process group, so signals reach only this shell's work
         self.stream = user.exec_stream(argv, stdin=True)
         self.stdin_fd = self.stream.raw.fileno()
@@ -364,7 +371,8 @@ class DockerSandbox(Sandbox):
                 network_mode="bridge" if limits.network else "none", read_only=True,
                 mem_limit=f"{int(limits.memory_mb)}m", memswap_limit=f"{int(limits.memory_mb)}m",
                 pids_limit=int(limits.max_processes) + CONTROL_PIDS, nano_cpus=int(cpus * 1e9),
-                tmpfs={"/tmp": tmpfs_opts, "/dev/pts": _NO_PTYS}, shm_size=f"{int(limits.tmp_size_mb)}m",
+                tmpfs={"/tmp": tmpfs_opts, "/dev/pts": _NO_PTYS, CONTROL_DIR: _CONTROL_TMPFS},
+                shm_size=f"{int(limits.tmp_size_mb)}m",
                 volumes={str(ws.path): {"bind": INNER_WORKDIR, "mode": "rw"},
                          str(ws.io_dir): {"bind": INNER_IO_DIR, "mode": "ro"}},
                 working_dir=INNER_WORKDIR, environment=env, cap_drop=["ALL"],
@@ -411,6 +419,14 @@ class DockerSandbox(Sandbox):
 
     def spawn_shell(self) -> ShellProcess:
         return DockerShell(self._as_user, driver_setup(self.limits, INNER_WORKDIR, None))
+
+    def _wipe_private_dirs(self) -> None:
+        # As the sandbox user (everything there is its own); chmod first so locked directories go too.
+        script = "chmod -R u+rwx /tmp /dev/shm 2>/dev/null; find /tmp /dev/shm -mindepth 1 -delete 2>/dev/null"
+        try:
+            self._as_user.exec_quiet(["bash", "-c", script])
+        except Exception as exc:
+            raise SandboxError(f"could not wipe /tmp of container {self._container.short_id}: {exc}") from exc
 
     def _kill_all(self) -> bool:
         try:

@@ -17,7 +17,7 @@ from rl_llm.sandboxes.bwrap import sandbox_env
 from rl_llm.sandboxes.oneshot import run_to_completion
 from rl_llm.sandboxes.processes import kill_by_environ, kill_group
 from rl_llm.sandboxes.shell import DRIVER_ARGV, ShellProcess, spawn_popen_shell
-from rl_llm.sandboxes.workspace import Workspace, as_user, log, running_as_root
+from rl_llm.sandboxes.workspace import Workspace, as_user, clear_directory, log, running_as_root
 
 MARKER_VAR = "RL_LLM_SANDBOX_ID"
 
@@ -32,7 +32,7 @@ class LocalSandbox(Sandbox):
         super().__init__(limits, Workspace(), keep_warm)
         ws = self._workspace
         self.inner_workdir = str(ws.path)
-        tmp = ws.root / "tmp"
+        self._tmp = tmp = ws.root / "tmp"
         tmp.mkdir(mode=0o700)
         if running_as_root():
             os.chown(tmp, ws.uid, ws.gid)
@@ -52,6 +52,10 @@ class LocalSandbox(Sandbox):
 
     def _inner_io_dir(self) -> str:
         return str(self._workspace.io_dir)
+
+    def _wipe_private_dirs(self) -> None:
+        clear_directory(self._tmp)
+        os.chmod(self._tmp, 0o700)
 
     def _run(self, cmd: Command, timeout: float, stdin: bytes | None, env: dict[str, str]) -> ExecResult:
         # Background jobs stay in the command's process group; kill it when the command returns.

@@ -123,21 +123,21 @@ def _claim(base: Path, slot: int) -> int | None:
     if os.listdir(path):
         log.info("sandbox slot %s was left by a dead process; cleaning it", path)
         kill_uid(_slot_uid(slot))
-        _clear(path)
+        clear_directory(path)
     return fd
 
 
 def _release_slot(path: Path, lock_fd: int, slot: int) -> None:
     try:
         kill_uid(_slot_uid(slot))
-        _clear(path)
+        clear_directory(path)
         with contextlib.suppress(FileNotFoundError):
             os.rmdir(path)
     finally:
         os.close(lock_fd)
 
 
-def _clear(path: Path) -> None:
+def clear_directory(path: Path) -> None:
     """Delete everything below `path` without following symlinks, whatever modes the sandbox set."""
     with contextlib.suppress(OSError):
         os.chmod(path, 0o711)
@@ -260,8 +260,8 @@ class Workspace:
 
     def wipe(self) -> None:
         """Empty the workspace and io directory in place (live bind mounts keep pointing at them)."""
-        _clear(self.path)
-        _clear(self.io_dir)
+        clear_directory(self.path)
+        clear_directory(self.io_dir)
         self._own(self.path)
         os.chmod(self.path, 0o700)
 

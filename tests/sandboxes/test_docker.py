@@ -27,6 +27,7 @@ from rl_llm.sandboxes import SandboxLimits, SandboxUnavailable, backend_problem,
 from rl_llm.sandboxes.docker_backend import (
     _KILL_SESSION,
     _RUN_WRAPPER,
+    BASE_IMAGE_ENV,
     CONTROL_PIDS,
     IMAGES_DIR,
     LABEL,
@@ -44,10 +45,13 @@ except ImportError:  # the docker extra is not installed: the tests with the eng
     docker = requests = None
 
 
-def test_images_are_dockerfiles_with_a_local_base_image_argument():
+def test_images_are_dockerfiles_with_a_local_base_image_argument(monkeypatch):
     path = dockerfile("python")
     assert path.parent == IMAGES_DIR
+    monkeypatch.delenv(BASE_IMAGE_ENV, raising=False)
     assert default_base_image(path) == "python:3.11-slim"
+    monkeypatch.setenv(BASE_IMAGE_ENV, "rl-llm/debian-python:bookworm")  # e.g. built by sandboxes.rootfs
+    assert default_base_image(path) == "rl-llm/debian-python:bookworm"
     text = path.read_text()
     assert "FROM ${BASE_IMAGE}" in text
     assert "apt-get" not in text and "pip install" not in text  # nothing is downloaded
@@ -236,6 +240,7 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> FakeEngine:
     pytest.importorskip("docker", reason="the docker extra is not installed: pip install 'rl-llm[docker]'")
     fake = FakeEngine()
     monkeypatch.setattr("rl_llm.sandboxes.docker_backend._swept", True)  # no stale-container sweep
+    monkeypatch.delenv(BASE_IMAGE_ENV, raising=False)  # the stand-in holds the Dockerfile's default base
     return fake
 
 
@@ -313,3 +318,25 @@ def test_a_dropped_sandbox_with_a_spare_shell_is_collected_and_removed(engine):
     gc.collect()
     assert dropped() is None  # the spare shell does not keep its sandbox alive
     assert engine.containers == {} and len(engine.paths("DELETE")) == 1
+
+
+def test_a_stream_closed_from_its_own_demux_thread_still_frees_its_socket(engine, monkeypatch):
+    # A dropped shell's finalizer runs wherever garbage collection happens, its own demux thread included;
+    # here that thread closes the stream on its first frame, as such a finalizer would.
+    real_frames_iter, errors, streams = docker.utils.socket.frames_iter, [], []
+
+    def frames_then_close(sock: Any, tty: bool) -> Any:
+        for item in real_frames_iter(sock, tty):
+            try:
+                streams[0].close()
+            except Exception as exc:
+                errors.append(exc)
+            yield item
+
+    monkeypatch.setattr(docker.utils.socket, "frames_iter", frames_then_close)
+    with DockerSandbox(SandboxLimits(**TEST_LIMITS), client=engine.client()) as sb:
+        streams.append(sb.spawn_shell().stream)
+        engine.open_streams[-1].sendall(frame(1, b"ready\n"))
+        streams[0]._thread.join(5)
+        assert not streams[0]._thread.is_alive() and errors == []
+        assert streams[0].raw.fileno() == -1  # the socket is closed, not leaked

@@ -178,6 +178,15 @@ def test_session_started_in_a_short_lived_thread_outlives_it(sandbox):
     assert sh.restarts == 0
 
 
+def test_reset_empties_the_temporary_directory(sandbox):
+    tmp = '"${TMPDIR:-/tmp}"'
+    sh = sandbox.session()
+    sh.run(f"echo x > {tmp}/left.txt; mkdir -p {tmp}/locked/d; chmod 000 {tmp}/locked")
+    assert sh.run(f"ls -A {tmp}").stdout.split() == ["left.txt", "locked"]
+    sandbox.reset()  # the next user of a pooled sandbox must not see the last one's scratch files
+    assert sandbox.session().run(f"ls -A {tmp}").stdout == ""
+
+
 def test_reset_and_close_end_sessions(sandbox):
     sh = sandbox.session()
     sh.run("echo hi > f.txt")
