@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 DEFAULT_TAG = "rl-llm/debian-python:bookworm"
-# What the sandbox images need beyond a minimal Debian: python3 for run_python and the task checks, procps
-# (ps, kill -1 handling) for resets. bash, coreutils and util-linux (setsid, setpriv) are already in minbase.
+# Beyond a minimal Debian (which has bash, coreutils and util-linux's setsid): python3 for run_python and the
+# task checks, and procps so that ps and pkill work in the python image as well as in the terminal one.
 PACKAGES = ("python3-minimal", "python3", "procps")
 
 
@@ -27,9 +27,13 @@ def build_base_image(
     tag: str = DEFAULT_TAG, suite: str = "bookworm", mirror: str = "http://deb.debian.org/debian", client=None
 ) -> str:
     """Build ``tag`` with debootstrap (needs root and the ``debootstrap`` package) and return it."""
+    import docker
+    from docker.utils import parse_repository_tag
+
     if shutil.which("debootstrap") is None:
         raise RuntimeError("debootstrap is not installed (apt-get install debootstrap)")
-    repository, _, version = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")
+    repository, version = parse_repository_tag(tag)
+    version = version or "latest"
     with tempfile.TemporaryDirectory(prefix="rl-llm-rootfs-") as scratch:
         root, archive = Path(scratch) / "root", Path(scratch) / "root.tar"
         subprocess.run(
@@ -38,10 +42,7 @@ def build_base_image(
         )  # fmt: skip
         with tarfile.open(archive, "w") as tar:
             tar.add(root, arcname=".")
-        if client is None:
-            import docker
-
-            client = docker.from_env(timeout=600)
+        client = client or docker.from_env(timeout=600)
         client.api.import_image_from_file(str(archive), repository=repository, tag=version)
     return f"{repository}:{version}"
 
