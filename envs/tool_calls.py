@@ -92,7 +92,7 @@ class ToolCallsEnv(TextEnv):
         if not self.tasks:
             raise ValueError(f"no task can be solved with tools={tools} and kinds={kinds}")
         self.retriever = resolve_retriever(retriever, None, kb_seed, cache_dir) if "search" in tools else None
-        self.python = (PythonTool(timeout=python_timeout, backend=sandbox_backend, max_output_chars=max_output_chars)
+        self.python = (PythonTool(timeout=python_timeout, backend=sandbox_backend)
                        if "python" in tools else None)  # fmt: skip
         self._markers = {name: (f"<{name}>", f"</{name}>") for name in (*TOOLS, "tool_call", "answer")}
         self._system_prompt = self._describe_tools()

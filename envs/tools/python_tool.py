@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rl_llm.envs.parsing import truncate_middle
-
 
 class ToolUnavailable(RuntimeError):
     """The tool cannot run here (no sandbox backend); the message says why."""
@@ -15,11 +13,11 @@ class PythonTool:
     """Runs agent code with ``sandbox.run_python``; the sandbox is made on first use and reused.
 
     ``backend`` and ``limits`` go to ``rl_llm.sandboxes.make``; ``timeout`` is the wall-clock limit per call.
+    The output is not shortened here: the env that shows it applies its own limit to every tool's output.
     """
 
-    def __init__(self, *, timeout: float = 5.0, backend: str = "auto", max_output_chars: int = 2000,
-                 **limits: Any) -> None:  # fmt: skip
-        self.timeout, self.backend, self.max_output_chars, self.limits = timeout, backend, max_output_chars, limits
+    def __init__(self, *, timeout: float = 5.0, backend: str = "auto", **limits: Any) -> None:
+        self.timeout, self.backend, self.limits = timeout, backend, limits
         self._sandbox: Any = None
 
     def _ensure_sandbox(self) -> Any:
@@ -48,8 +46,7 @@ class PythonTool:
             parts.append(f"[exit code {result.exit_code}]\n{result.stderr}".rstrip())
         if getattr(result, "truncated", False):
             parts.append("[output truncated]")
-        text = "\n".join(parts) if parts else "[no output: print the result]"
-        return truncate_middle(text, self.max_output_chars)
+        return "\n".join(parts) if parts else "[no output: print the result]"
 
     def reset(self) -> None:
         """Fresh state between episodes (files written by earlier code are dropped)."""

@@ -100,3 +100,12 @@ def test_the_envs_output_limit_applies_to_python_too() -> None:
     finally:
         env.close()
     assert "x" * 3000 in observation and "truncated" not in observation
+
+
+def test_long_python_output_is_cut_once_and_says_how_much() -> None:
+    env = gym.make("rl-llm/ToolCalls-v0", tools=("python",), max_output_chars=100)
+    try:
+        observation = run_python(env, "print('x' * 5000)")
+    finally:
+        env.close()
+    assert observation.count("truncated") == 1 and "[... 4901 characters truncated ...]" in observation
