@@ -11,7 +11,7 @@ from typing import Any
 
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.parsing import extract_tag, truncate_middle
-from rl_llm.envs.terminal import TerminalTask, generate_task, load_task_dir, load_task_folder
+from rl_llm.envs.terminal import TerminalTask, generate_task, is_task_dir, load_task_dir, load_task_folder
 from rl_llm.envs.terminal.protocol import RUNNER_COMMAND, parse_verdict, runner_program
 from rl_llm.sandboxes import SandboxError, make, resolve_backend
 
@@ -163,7 +163,7 @@ class TerminalEnv(TextEnv):
             return GeneratedTasks(family, difficulty)
         if isinstance(tasks, (str, Path)):
             path = Path(tasks)
-            return [load_task_dir(path)] if (path / "description.md").is_file() else load_task_folder(path)
+            return [load_task_dir(path)] if is_task_dir(path) else load_task_folder(path)
         found = list(tasks)
         if not found or not all(isinstance(task, TerminalTask) for task in found):
             raise TypeError("tasks must be a folder path or a non-empty sequence of TerminalTask")

@@ -6,6 +6,6 @@ hand-written tasks. ``runner.py`` is the program that sets up and checks a works
 """
 
 from rl_llm.envs.terminal.generator import DIFFICULTIES, FAMILIES, generate_task
-from rl_llm.envs.terminal.task import TerminalTask, load_task_dir, load_task_folder
+from rl_llm.envs.terminal.task import TerminalTask, is_task_dir, load_task_dir, load_task_folder
 
-__all__ = ["DIFFICULTIES", "FAMILIES", "TerminalTask", "generate_task", "load_task_dir", "load_task_folder"]
+__all__ = ["DIFFICULTIES", "FAMILIES", "TerminalTask", "generate_task", "is_task_dir", "load_task_dir", "load_task_folder"]

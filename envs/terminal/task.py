@@ -84,6 +84,11 @@ def load_task_dir(path: str | Path, family: str = "custom") -> TerminalTask:
     )
 
 
+def is_task_dir(path: Path) -> bool:
+    """Whether ``path`` is a hand-written task directory (it holds one of ``DESCRIPTION_FILES``)."""
+    return any((path / name).is_file() for name in DESCRIPTION_FILES)
+
+
 def load_task_folder(path: str | Path, family: str = "custom") -> list[TerminalTask]:
     """Every task directory directly inside ``path``, sorted by name."""
     root = Path(path)
@@ -92,7 +97,7 @@ def load_task_folder(path: str | Path, family: str = "custom") -> list[TerminalT
     tasks = [
         load_task_dir(child, family)
         for child in sorted(root.iterdir())
-        if child.is_dir() and any((child / name).is_file() for name in DESCRIPTION_FILES)
+        if child.is_dir() and is_task_dir(child)
     ]
     if not tasks:
         raise FileNotFoundError(f"task folder {root} holds no task directories")

@@ -194,6 +194,8 @@ def test_hand_written_task_folders(tmp_path: Path) -> None:
         environment.step("<command>echo hello > greeting.txt</command>")
         assert environment.step("<action>done</action>")[1] == 1.0
         assert load_task_folder(tmp_path)[1] == TerminalEnv(tasks=tmp_path / "b_python").tasks[0]
+        (tmp_path / "b_python" / "description.md").rename(tmp_path / "b_python" / "task.md")  # another name
+        assert TerminalEnv(tasks=tmp_path / "b_python").tasks[0].description.startswith("Create greeting.txt")
     finally:
         environment.close()
 
