@@ -68,12 +68,6 @@ def _sorted_rows(rows: Sequence[Row]) -> list[Row]:
     return sorted(rows, key=lambda row: tuple(_sort_key(value) for value in row))
 
 
-def _same_rows(pred: Sequence[Row], gold: Sequence[Row], ordered: bool, tolerance: float) -> bool:
-    if ordered:
-        return _rows_equal(pred, gold, tolerance)
-    return _rows_equal(_sorted_rows(pred), _sorted_rows(gold), tolerance)
-
-
 def _column_signature(rows: Sequence[Row], index: int) -> tuple[tuple[int, Any], ...]:
     return tuple(sorted(_sort_key(row[index]) for row in rows))
 
@@ -107,13 +101,15 @@ def results_match(
     width = len(gold[0])
     if any(len(row) != width for row in pred) or any(len(row) != width for row in gold):
         return False
-    if _same_rows(pred, gold, ordered, tolerance):
+    reference = gold if ordered else _sorted_rows(gold)  # sorted once, compared against every column order
+
+    def same_rows(rows: Sequence[Row]) -> bool:
+        return _rows_equal(rows if ordered else _sorted_rows(rows), reference, tolerance)
+
+    if same_rows(pred):
         return True
     identity = tuple(range(width))
     for permutation in islice(_candidate_permutations(pred, gold, width), MAX_PERMUTATIONS):
-        if permutation == identity:
-            continue
-        permuted = [tuple(row[i] for i in permutation) for row in pred]
-        if _same_rows(permuted, gold, ordered, tolerance):
+        if permutation != identity and same_rows([tuple(row[i] for i in permutation) for row in pred]):
             return True
     return False
