@@ -101,9 +101,6 @@ class BanditEnv(TextEnv):
     def _record(self, arm: int, reward: float) -> None:
         """Update the algorithm-visible history after a pull."""
 
-    def _advance(self) -> None:
-        """Move to the next step (e.g. draw the next context)."""
-
     def _system_prompt(self) -> str:
         raise NotImplementedError
 
@@ -172,8 +169,6 @@ class BanditEnv(TextEnv):
             "invalid_actions": float(self.invalid_actions),
         }
         terminated = self.pulls >= self.horizon
-        if not terminated:
-            self._advance()
         feedback += f"Arm {self.labels[arm]} gave reward {self._format_reward(reward)}."
         observation = self._observation(feedback) if not terminated else feedback + " The game is over."
         return Outcome(

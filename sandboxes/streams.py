@@ -103,9 +103,6 @@ class FdPump:
         self._watches[fd] = callback
         self._selector.register(fd, selectors.EVENT_READ)
 
-    def set_handler(self, fd: int, handler: Callable[[bytes], None]) -> None:
-        self._handlers[fd] = handler
-
     def write_all(self, fd: int, data: bytes) -> None:
         """Queue `data` for `fd` and close `fd` once written (used for a child's stdin)."""
         os.set_blocking(fd, False)

@@ -271,10 +271,6 @@ class Workspace:
         if lock_fd is not None:
             _release_slot(self.root, lock_fd, self.slot)
 
-    @property
-    def released(self) -> bool:
-        return self._lock_fd is None
-
     # -- helpers ------------------------------------------------------------------------------------------
     def _own(self, path: Path) -> None:
         if running_as_root():

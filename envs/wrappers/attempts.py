@@ -84,7 +84,6 @@ class _Attempts(gym.Wrapper[str, str, str, str]):
         self._over = False
         info = dict(info)
         self._on_reset(info)
-        self._system_prompt = info.get("system_prompt", "")
         return observation, info
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
