@@ -7,7 +7,7 @@ import math
 import re
 import string
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
@@ -17,6 +17,16 @@ _NUMBER = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
 def normalize_answer(text: str) -> str:
     """Lower case, drop punctuation, drop the articles a/an/the, squeeze whitespace (SQuAD / Search-R1)."""
     return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCTUATION)).split())
+
+
+def answer_in_texts(texts: Iterable[str], normalized_golds: Sequence[str]) -> bool:
+    """Whether some gold answer occurs inside some text, both normalised (Search-R1's "the answer was
+    retrieved" check). ``normalized_golds`` are already passed through :func:`normalize_answer`."""
+    for text in texts:
+        normalized = normalize_answer(text)
+        if any(gold in normalized for gold in normalized_golds):
+            return True
+    return False
 
 
 def exact_match(prediction: str, answers: Iterable[str]) -> float:

@@ -11,7 +11,7 @@ from typing import Any
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.knowledge import bundled_kb
 from rl_llm.envs.parsing import Block, scan_blocks, truncate_middle
-from rl_llm.envs.qa_scoring import exact_match, f1_score, normalize_answer
+from rl_llm.envs.qa_scoring import answer_in_texts, exact_match, f1_score, normalize_answer
 from rl_llm.envs.retrieval import (
     BM25Retriever,
     RetrievalError,
@@ -150,6 +150,7 @@ class SearchEnv(TextEnv):
     def _reset(self, options: dict[str, Any]) -> Task:
         index = self._choose_task_index(options, len(self.tasks))
         self.current_task = self.tasks[index]
+        self.normalized_golds = [normalize_answer(gold) for gold in self.current_task.answers]
         self.tool_calls = self.invalid_actions = 0
         self.response = ""  # the policy's turns and the observations between them (for format rewards)
         self.retrieval_hit = False  # a gold answer appeared in a passage retrieved so far
@@ -185,8 +186,7 @@ class SearchEnv(TextEnv):
         self.tool_calls += 1
         hits, error = retrieve_or_explain(self.retriever, query, self.top_k)
         if not self.retrieval_hit:
-            golds = [normalize_answer(gold) for gold in self.current_task.answers]
-            self.retrieval_hit = any(gold in normalize_answer(hit.passage.contents) for hit in hits for gold in golds)
+            self.retrieval_hit = answer_in_texts((hit.passage.contents for hit in hits), self.normalized_golds)
         notes = [error] if error else []
         if ignored:
             notes.append(f"only the first action of a turn is run; {ignored} more in that turn were ignored")
@@ -213,17 +213,20 @@ class SearchEnv(TextEnv):
 
     def _finish(self, answer: str | None, finished: bool) -> Outcome:
         golds = self.current_task.answers
-        reward = REWARDS[self.reward_name](self.response, answer, golds)  # an unfinished episode has no answer
-        verdict = "correct" if answer is not None and exact_match(answer, golds) else "incorrect"
+        correct = exact_match(answer, golds) if answer is not None else 0.0  # an unfinished episode has no answer
+        # The "em" reward is this exact match; the other rewards score the response themselves.
+        reward = correct if self.reward_name == "em" else REWARDS[self.reward_name](self.response, answer, golds)
+        verdict = "correct" if correct else "incorrect"
         message = f"Episode over: the answer is {verdict}." if answer is not None else "Episode over: no answer was given."
-        return Outcome(message, {self.reward_name: float(reward)}, terminated=finished, metrics=self._metrics(answer),
-                       info={"answer": answer})  # fmt: skip
+        return Outcome(message, {self.reward_name: float(reward)}, terminated=finished,
+                       metrics=self._metrics(answer, correct), info={"answer": answer})  # fmt: skip
 
-    def _metrics(self, answer: str | None) -> dict[str, float]:
+    def _metrics(self, answer: str | None, correct: float = 0.0) -> dict[str, float]:
+        """Running metrics; ``correct`` is the exact match of ``answer`` (0 while there is none)."""
         golds = self.current_task.answers
         return {
             "tool_calls": float(self.tool_calls),
-            "correct": exact_match(answer, golds) if answer is not None else 0.0,
+            "correct": correct,
             "f1": f1_score(answer, golds) if answer is not None else 0.0,
             "answered": float(answer is not None),
             "turns": float(self.turn),

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rl_llm.envs.parsing import extract_all_tags
-from rl_llm.envs.qa_scoring import cover_exact_match, exact_match, f1_score, normalize_answer
+from rl_llm.envs.qa_scoring import answer_in_texts, cover_exact_match, exact_match, f1_score, normalize_answer
 from rl_llm.envs.retrieval.base import Hit, format_passages
 
 
@@ -184,8 +184,7 @@ def search_r1_em_format(
 
 
 def _gold_in_information(response: str, golds: Sequence[str]) -> bool:
-    blocks = [normalize_answer(block) for block in extract_all_tags(response, "information")]
-    return any(normalize_answer(gold) in block for block in blocks for gold in golds)
+    return answer_in_texts(extract_all_tags(response, "information"), [normalize_answer(gold) for gold in golds])
 
 
 # -- R1-Searcher -----------------------------------------------------------------------------------------

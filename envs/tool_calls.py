@@ -199,10 +199,10 @@ class ToolCallsEnv(TextEnv):
     def _answer(self, answer: str) -> Outcome:
         correct = numeric_or_exact_match(answer, self.current_task.answers)
         message = f"Episode over: the answer is {'correct' if correct else 'incorrect'}."
-        return Outcome(message, {"answer": correct}, terminated=True, metrics=self._metrics(answer), info={"answer": answer})
+        return Outcome(message, {"answer": correct}, terminated=True, metrics=self._metrics(answer, correct), info={"answer": answer})
 
-    def _metrics(self, answer: str | None) -> dict[str, float]:
-        correct = numeric_or_exact_match(answer, self.current_task.answers) if answer is not None else 0.0
+    def _metrics(self, answer: str | None, correct: float = 0.0) -> dict[str, float]:
+        """Running metrics; ``correct`` is the score of ``answer`` (0 while there is none)."""
         return {**{k: float(v) for k, v in self.counts.items()}, "correct": correct, "answered": float(answer is not None),
                 "turns": float(self.turn)}  # fmt: skip
 
