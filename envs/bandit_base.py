@@ -9,6 +9,7 @@ and the observation text.
 
 from __future__ import annotations
 
+import hashlib
 import string
 from collections.abc import Sequence
 from typing import Any
@@ -81,6 +82,11 @@ class BanditEnv(TextEnv):
         self.reward_mode = reward_mode
         self.invalid_action_penalty = float(invalid_action_penalty)
         self.labels = ARM_LABELS[:num_arms]
+        self._label_list = ", ".join(self.labels)  # "A, B, C": shown in prompts, observations and feedback
+
+    def _instance_digest(self, parameters: np.ndarray) -> str:
+        """A short id of a drawn instance: its hidden parameters (rounded to 6 decimals) and the horizon."""
+        return hashlib.sha1(np.round(parameters, 6).tobytes() + f"{self.horizon}".encode()).hexdigest()[:12]
 
     # -- hooks for subclasses -------------------------------------------------------------------------
     def _draw_instance(self, options: dict[str, Any]) -> str:
@@ -136,7 +142,7 @@ class BanditEnv(TextEnv):
             arm = int(self.np_random.integers(self.num_arms))
             rewards["invalid_action"] = -self.invalid_action_penalty
             feedback = (
-                f"Invalid action: put exactly one arm label ({', '.join(self.labels)}) inside "
+                f"Invalid action: put exactly one arm label ({self._label_list}) inside "
                 f"<action></action>, e.g. <action>{self.labels[0]}</action>. Arm {self.labels[arm]} was pulled "
                 "at random for you.\n"
             )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import numpy as np
@@ -112,8 +111,7 @@ class ContextualBanditEnv(BanditEnv):
         self._context_texts = [format_vector(context) for context in self._contexts]
         self._reference = LinUCB(self.num_arms, self.context_dim, self.linucb_alpha)
         self._history: list[str] = []
-        digest = hashlib.sha1(np.round(self.theta, 6).tobytes() + f"{self.horizon}".encode()).hexdigest()[:12]
-        return f"{self.env_name}-{digest}"
+        return f"{self.env_name}-{self._instance_digest(self.theta)}"
 
     @property
     def context(self) -> np.ndarray:
@@ -138,7 +136,7 @@ class ContextualBanditEnv(BanditEnv):
 
     def _system_prompt(self) -> str:
         return (
-            f"You are playing a contextual bandit game with {self.num_arms} arms labeled {', '.join(self.labels)}. "
+            f"You are playing a contextual bandit game with {self.num_arms} arms labeled {self._label_list}. "
             f"Each turn you see a context of {self.context_dim} numbers. Each arm's expected reward is a fixed, "
             "unknown linear function of the context, plus noise, so the best arm depends on the context. "
             f"You have {self.horizon} pulls; maximise the total reward. Answer with one arm label inside "
@@ -147,7 +145,7 @@ class ContextualBanditEnv(BanditEnv):
 
     def _observation(self, feedback: str) -> str:
         lines = [feedback] if feedback else []
-        lines.append(f"Pull {self.pulls + 1} of {self.horizon}. Arms: {', '.join(self.labels)}.")
+        lines.append(f"Pull {self.pulls + 1} of {self.horizon}. Arms: {self._label_list}.")
         if self.history == "full":
             lines.append("History (context -> arm: reward):")
             lines.extend(self._history or ["none yet"])

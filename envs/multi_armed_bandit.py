@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import numpy as np
@@ -89,7 +88,6 @@ class MultiArmedBanditEnv(BanditEnv):
         self.sigma = float(sigma)
         self.fixed_means = None if means is None else self._check_means(means)
         self.ucb_c = ucb_c
-        self._label_list = ", ".join(self.labels)
 
     def _check_means(self, means: Any) -> np.ndarray:
         array = np.asarray(means, dtype=np.float64)
@@ -115,8 +113,7 @@ class MultiArmedBanditEnv(BanditEnv):
             self.means = self.np_random.uniform(0.0, 1.0, self.num_arms)
         self._means = self.means.tolist()
         self._history: list[str] = []
-        digest = hashlib.sha1(np.round(self.means, 6).tobytes() + f"{self.horizon}".encode()).hexdigest()[:12]
-        return f"{self.env_name}-{self.distribution}-{digest}"
+        return f"{self.env_name}-{self.distribution}-{self._instance_digest(self.means)}"
 
     def _arm_means(self) -> list[float]:
         return self._means
@@ -140,7 +137,7 @@ class MultiArmedBanditEnv(BanditEnv):
         kind = "either 0 or 1" if self.distribution == "bernoulli" else "a real number"
         return (
             f"You are playing a multi-armed bandit game with {self.num_arms} arms labeled "
-            f"{', '.join(self.labels)}. Each arm pays a random reward ({kind}) from its own fixed distribution, "
+            f"{self._label_list}. Each arm pays a random reward ({kind}) from its own fixed distribution, "
             f"unknown to you. You have {self.horizon} pulls in total; maximise the total reward. "
             "Each turn, choose one arm and answer with its label inside <action></action>, "
             f"for example <action>{self.labels[0]}</action>."
