@@ -98,6 +98,29 @@ class TwoPlayerTextGame:
         self.episode_seed = int(self._seed_rng.integers(2**31))
         self.rng = np.random.default_rng(self.episode_seed)
 
+    def _reset_counters(self) -> None:
+        """Zero the per-agent return and the invalid-try bookkeeping for a new game."""
+        self._returns = dict.fromkeys(AGENTS, 0.0)
+        self._invalid = dict.fromkeys(AGENTS, 0)  # invalid tries in the game
+        self._defaults = dict.fromkeys(AGENTS, 0)  # default actions played for the agent
+        self._streak = dict.fromkeys(AGENTS, 0)  # invalid tries in a row (a valid action resets it)
+
+    def _count_invalid(self, agent: str) -> int:
+        """Count an invalid try of ``agent``; return how many more invalid tries it has before the default
+        action is played for it, or 0 when that happens now (after ``max_retries`` invalid retries in a row:
+        the default is counted and the streak restarts)."""
+        self._invalid[agent] += 1
+        self._streak[agent] += 1
+        if self._streak[agent] > self.max_retries:
+            self._defaults[agent] += 1
+            self._streak[agent] = 0
+            return 0
+        return self.max_retries - self._streak[agent] + 1
+
+    def _try_metrics(self, agent: str) -> dict[str, float]:
+        """The invalid-try metrics of ``agent``: ``invalid_actions`` and ``default_actions``."""
+        return {"invalid_actions": float(self._invalid[agent]), "default_actions": float(self._defaults[agent])}
+
     def _echo(self) -> None:
         """In ``"human"`` mode, print the transcript entries added since the last call."""
         if self.render_mode == "human":
@@ -171,10 +194,7 @@ class SocialEnv(TwoPlayerTextGame, ParallelEnv[str, str, str]):
         self.task_id = f"{self.task_name}-{self.episode_seed}"
         self.agents = list(AGENTS)
         self.round = 1
-        self._returns = dict.fromkeys(AGENTS, 0.0)
-        self._invalid = dict.fromkeys(AGENTS, 0)
-        self._defaults = dict.fromkeys(AGENTS, 0)
-        self._streak = dict.fromkeys(AGENTS, 0)
+        self._reset_counters()
         self._locked: dict[str, Any] = {}
         self._news: dict[str, list[str]] = {agent: [] for agent in AGENTS}
         rules = self._start(dict(options or {}))
@@ -240,16 +260,12 @@ class SocialEnv(TwoPlayerTextGame, ParallelEnv[str, str, str]):
         return f"You are {agent}, one of two players in a repeated text game. Follow the rules you are given."
 
     def _reject(self, agent: str, reason: str) -> None:
-        self._invalid[agent] += 1
-        self._streak[agent] += 1
+        left = self._count_invalid(agent)
         default, description = self._default(agent)
-        if self._streak[agent] > self.max_retries:
+        if not left:
             self._locked[agent] = default
-            self._defaults[agent] += 1
-            self._streak[agent] = 0
             self._tell(agent, f"Invalid action: {reason} Too many invalid tries: {description} was played for you.")
         else:
-            left = self.max_retries - self._streak[agent] + 1
             self._tell(agent, f"Invalid action: {reason} Try again ({plural(left, 'more invalid try', 'more invalid tries')} and "
                               f"{description} is played for you).")
 
@@ -271,8 +287,7 @@ class SocialEnv(TwoPlayerTextGame, ParallelEnv[str, str, str]):
         metrics = {
             "return": self._returns[agent],
             "rounds": float(min(self.round - 1, self.num_rounds)),
-            "invalid_actions": float(self._invalid[agent]),
-            "default_actions": float(self._defaults[agent]),
+            **self._try_metrics(agent),
             **self._game_metrics(agent),
         }
         return {

@@ -97,11 +97,8 @@ class raw_env(TwoPlayerTextGame, AECEnv[str, str, str]):  # lower-case: PettingZ
         self._cumulative_rewards = dict.fromkeys(AGENTS, 0.0)
         self.terminations = dict.fromkeys(AGENTS, False)
         self.truncations = dict.fromkeys(AGENTS, False)
-        self._returns = dict.fromkeys(AGENTS, 0.0)
+        self._reset_counters()
         self._moves = dict.fromkeys(AGENTS, 0)
-        self._invalid = dict.fromkeys(AGENTS, 0)
-        self._defaults = dict.fromkeys(AGENTS, 0)
-        self._streak = dict.fromkeys(AGENTS, 0)
         self.result: str | None = None
         self._observations = {agent: f"{RULES}\n\n{self._board_text(agent)}" for agent in AGENTS}
         self.infos = {agent: self._info(agent, invalid=False) for agent in AGENTS}
@@ -128,18 +125,15 @@ class raw_env(TwoPlayerTextGame, AECEnv[str, str, str]):  # lower-case: PettingZ
         cell, reason = read_move(action, self.board)
         note = ""
         if cell is None:
-            self._invalid[agent] += 1
-            self._streak[agent] += 1
+            left = self._count_invalid(agent)
             self.rewards[agent] = -self.illegal_move_penalty
-            if self._streak[agent] <= self.max_retries:
-                left = self.max_retries - self._streak[agent] + 1
+            if left:
                 self._observations[agent] = (f"Illegal move. {reason} The board is unchanged ({plural(left, 'more illegal move')} "
                                              f"and a random move is played for you).\n\n{self._board_text(agent)}")
                 self._finish_step(agent, invalid=True)
                 return
             choices = legal_moves(self.board)
             cell = int(choices[self.rng.integers(len(choices))])
-            self._defaults[agent] += 1
             note = f"Illegal move. {reason} Too many illegal moves: {CELL_NAMES[cell]} was played for you.\n\n"
         self._streak[agent] = 0
         self._moves[agent] += 1
@@ -190,8 +184,7 @@ class raw_env(TwoPlayerTextGame, AECEnv[str, str, str]):  # lower-case: PettingZ
             "metrics": {
                 "return": self._returns[agent],
                 "moves": float(self._moves[agent]),
-                "invalid_actions": float(self._invalid[agent]),
-                "default_actions": float(self._defaults[agent]),
+                **self._try_metrics(agent),
                 "win": float(self.result == mark),
                 "draw": float(self.result == "draw"),
                 "loss": float(self.result not in (None, "draw", mark)),
