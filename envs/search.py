@@ -20,8 +20,9 @@ from rl_llm.envs.retrieval import (
     load_corpus,
     load_qa,
 )
-from rl_llm.envs.retrieval.corpus import QAExample, default_cache_dir
+from rl_llm.envs.retrieval.corpus import QAExample
 from rl_llm.envs.search_protocols import PROTOCOLS, REWARDS, SearchProtocol
+from rl_llm.paths import cache_dir as package_cache_dir
 
 MAX_QUERY_CHARS = 1000
 # Action blocks looked at per turn: the first is run, the others are only counted.
@@ -54,7 +55,7 @@ def resolve_retriever(retriever: Retriever | str, corpus: str | os.PathLike[str]
         # A file corpus is keyed by path and modification time, so an edited file gets a fresh index.
         path = None if corpus is None else Path(corpus).resolve()
         key: tuple[Any, ...] = ("bundled", kb_seed) if path is None else ("file", str(path), path.stat().st_mtime_ns)
-        return _shared_bm25(key, str(cache_dir or default_cache_dir() / "indexes"))
+        return _shared_bm25(key, str(cache_dir or package_cache_dir() / "indexes"))
     if isinstance(retriever, str) or not callable(getattr(retriever, "search_batch", None)):
         raise ValueError(f"retriever must be 'bm25', an http:// URL or an object with search_batch, got {retriever!r}")
     return retriever

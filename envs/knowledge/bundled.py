@@ -18,11 +18,11 @@ from rl_llm.envs.knowledge.questions import ToolTask, search_questions, tool_tas
 from rl_llm.envs.retrieval.corpus import (
     Passage,
     QAExample,
-    default_cache_dir,
     load_corpus,
     load_qa,
     write_jsonl,
 )
+from rl_llm.paths import cache_dir as package_cache_dir
 
 KB_FORMAT = 2  # bump whenever generation changes, so that stale cached files are not read back
 SEARCH_QUESTIONS_PER_HOPS = {1: 150, 2: 150, 3: 150}
@@ -63,7 +63,7 @@ def bundled_kb(seed: int = 0, cache_dir: str | None = None) -> Bundle:
 
 @functools.lru_cache(maxsize=8)
 def _bundled_kb(seed: int, cache_dir: str | None) -> Bundle:
-    directory = Path(cache_dir or default_cache_dir()) / f"kb-v{KB_FORMAT}-seed{seed}"
+    directory = Path(cache_dir or package_cache_dir()) / f"kb-v{KB_FORMAT}-seed{seed}"
     if not (directory / "COMPLETE").exists():
         write_bundle(directory, seed)
     with (directory / TOOL_TASKS_FILE).open(encoding="utf-8") as handle:

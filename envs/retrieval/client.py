@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from rl_llm.envs.retrieval.base import Hit, RetrievalError, check_queries
-from rl_llm.envs.retrieval.corpus import Passage
+from rl_llm.envs.retrieval.corpus import Passage, split_contents
 
 
 def passage_from_document(document: dict[str, Any]) -> Passage:
@@ -17,8 +17,8 @@ def passage_from_document(document: dict[str, Any]) -> Passage:
     (``"title"\\ntext``)."""
     if "text" in document:
         return Passage(str(document.get("id", "")), str(document.get("title", "")), str(document["text"]))
-    title, _, text = str(document.get("contents", "")).partition("\n")
-    return Passage(str(document.get("id", "")), title.strip().strip('"'), text)
+    title, text = split_contents(str(document.get("contents", "")))
+    return Passage(str(document.get("id", "")), title, text)
 
 
 class RetrieverClient:

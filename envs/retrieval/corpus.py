@@ -15,8 +15,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl_llm.paths import cache_dir
-
 
 @dataclass(frozen=True)
 class Passage:
@@ -26,8 +24,15 @@ class Passage:
 
     @property
     def contents(self) -> str:
-        """Title and text the way Search-R1 corpora store them (``"title"\\ntext``); what BM25 indexes."""
+        """Title and text on separate lines (``title\\ntext``, the title unquoted); what BM25 indexes."""
         return f"{self.title}\n{self.text}"
+
+
+def split_contents(contents: str) -> tuple[str, str]:
+    """``(title, text)`` of a Search-R1/FlashRAG ``contents`` field: the title on the first line (its
+    surrounding spaces and double quotes dropped, as in ``"title"\\ntext``), the text after it."""
+    title, _, text = contents.partition("\n")
+    return title.strip().strip('"'), text
 
 
 @dataclass(frozen=True)
@@ -75,8 +80,7 @@ def load_corpus(path: str | os.PathLike[str]) -> list[Passage]:
     for number, record in _json_lines(path):
         text, title = record.get("text"), record.get("title", "")
         if text is None and isinstance(record.get("contents"), str):
-            title, _, text = record["contents"].partition("\n")
-            title = title.strip().strip('"')
+            title, text = split_contents(record["contents"])
         if not isinstance(text, str) or not isinstance(title, str):
             raise DataFormatError(f"{path}:{number}: a passage needs string 'text' (and optional 'title')")
         passage_id = str(record.get("id", len(passages)))
@@ -148,8 +152,3 @@ def corpus_fingerprint(passages: Sequence[Passage], *extra: object) -> str:
             digest.update(b"\x00")
     digest.update(repr(extra).encode())
     return digest.hexdigest()
-
-
-def default_cache_dir() -> Path:
-    """The package cache (``$RL_LLM_CACHE`` or ``~/.cache/rl-llm``; see ``rl_llm.paths``)."""
-    return cache_dir()

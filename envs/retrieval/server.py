@@ -206,7 +206,8 @@ class RetrieverServer:
 def main(argv: list[str] | None = None) -> None:
     from rl_llm.envs.knowledge import bundled_kb
     from rl_llm.envs.retrieval.bm25 import BM25Retriever
-    from rl_llm.envs.retrieval.corpus import default_cache_dir, load_corpus
+    from rl_llm.envs.retrieval.corpus import load_corpus
+    from rl_llm.paths import cache_dir as package_cache_dir
 
     parser = argparse.ArgumentParser(description="Serve BM25 retrieval over a JSONL corpus on localhost.")
     source = parser.add_mutually_exclusive_group(required=True)
@@ -216,10 +217,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--topk", type=int, default=3)
-    parser.add_argument("--cache-dir", default=None, help="index cache (default: $RL_LLM_CACHE or ~/.cache/rl_llm)")
+    parser.add_argument("--cache-dir", default=None, help="index cache (default: $RL_LLM_CACHE/indexes or ~/.cache/rl-llm/indexes)")
     args = parser.parse_args(argv)
     passages = bundled_kb(args.seed).passages if args.bundled else load_corpus(args.corpus)
-    cache_dir = args.cache_dir or default_cache_dir() / "indexes"
+    cache_dir = args.cache_dir or package_cache_dir() / "indexes"
     server = RetrieverServer(BM25Retriever(passages, cache_dir=cache_dir), host=args.host, port=args.port,
                              default_k=args.topk)  # fmt: skip
     print(f"serving {len(passages)} passages at {server.url}/retrieve", flush=True)
