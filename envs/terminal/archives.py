@@ -9,8 +9,7 @@ import random
 import tarfile
 
 from rl_llm.envs.terminal.common import WHERE, WORDS, Draft, stems, text_lines
-
-FIXED_MTIME = 1704067200
+from rl_llm.envs.terminal.runner import FIXED_EPOCH
 
 
 def _tree_files(rng: random.Random, root: str, count: int, difficulty: int, exts: tuple[str, ...]) -> dict[str, str]:
@@ -26,7 +25,7 @@ def _tar_bytes(files: dict[str, str], compress: bool) -> bytes:
         for name, content in sorted(files.items()):
             data = content.encode()
             info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode, info.uname, info.gname = len(data), FIXED_MTIME, 0o644, "dev", "dev"
+            info.size, info.mtime, info.mode, info.uname, info.gname = len(data), FIXED_EPOCH, 0o644, "dev", "dev"
             archive.addfile(info, io.BytesIO(data))
     raw = buffer.getvalue()
     return gzip.compress(raw, mtime=0) if compress else raw

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 
 from rl_llm.envs.terminal.common import WHERE, WORDS, Draft, q, text_lines, write_file_cmd
+from rl_llm.envs.terminal.runner import FIXED_EPOCH
 
 REPO = "repo"
 VERBS = ("Add", "Update", "Fix", "Refactor", "Document", "Tune", "Rename", "Clean up")
@@ -44,7 +45,7 @@ class RepoBuilder:
         for path, content in changes.items():
             self.write(path, content)
         self.clock += 1
-        stamp = f"@{1704067200 + 3600 * self.clock} +0000"
+        stamp = f"@{FIXED_EPOCH + 3600 * self.clock} +0000"
         self.lines.append(f"git -C {REPO} add -A")
         self.lines.append(f"GIT_AUTHOR_DATE={q(stamp)} GIT_COMMITTER_DATE={q(stamp)} git -C {REPO} commit -q -m {q(subject)}")
         self.subjects.insert(0, subject)

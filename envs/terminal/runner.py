@@ -19,7 +19,9 @@ import sys
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MAX_READ = 8 << 20  # bytes: a check never reads more of one file (an agent may have written gigabytes)
-FIXED_EPOCH = 1704067200  # 2024-01-01T00:00:00Z: mtimes and commit dates of every initial workspace
+# 2024-01-01T00:00:00Z: mtimes and commit dates of every initial workspace, also used by the host-side task
+# generators (archive member mtimes, commit dates), which import it: importing this module has no side effects.
+FIXED_EPOCH = 1704067200
 TEST_TIMEOUT_S = 30
 
 
