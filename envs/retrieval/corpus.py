@@ -9,11 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rl_llm.paths import atomic_path
 
 
 @dataclass(frozen=True)
@@ -129,17 +130,10 @@ def load_qa(path: str | os.PathLike[str]) -> list[QAExample]:
 def write_jsonl(records: Iterable[dict[str, Any]], path: str | os.PathLike[str]) -> Path:
     """Write records atomically (a temporary file renamed into place), so readers never see half a file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # A unique name per writer: threads of one process (several envs starting at once) must not share it.
-    descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    partial = Path(name)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            for record in records:
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        partial.replace(path)
-    finally:
-        partial.unlink(missing_ok=True)
+    # The temporary name is unique per writer: threads of one process (several envs starting at once) write too.
+    with atomic_path(path) as partial, partial.open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
     return path
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from rl_llm.envs.retrieval.base import Hit, check_queries, top_k_indices
 from rl_llm.envs.retrieval.corpus import Passage, corpus_fingerprint
+from rl_llm.paths import atomic_path
 
 Embedder = Callable[[Sequence[str]], np.ndarray]
 _WORD = re.compile(r"\w\w+")
@@ -116,10 +117,9 @@ class DenseRetriever:
         if self.matrix.shape[0] != len(self.passages):
             raise ValueError(f"embed returned {self.matrix.shape[0]} rows for {len(self.passages)} passages")
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.npy")
-            np.save(partial, self.matrix)
-            partial.replace(path)
+            # np.save is given the open file: given a name, it would append ".npy" to the temporary one.
+            with atomic_path(path) as partial, partial.open("wb") as handle:
+                np.save(handle, self.matrix)
             self.matrix = np.load(path, mmap_mode="r")
 
     def __len__(self) -> int:

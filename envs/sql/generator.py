@@ -11,10 +11,8 @@ empty are skipped too.
 
 from __future__ import annotations
 
-import os
 import random
 import sqlite3
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +20,7 @@ from typing import Any
 
 from rl_llm.envs.sql.database import QueryLimits, QueryResult, ReadOnlyDatabase
 from rl_llm.envs.sql.tasks import SqlTask
-from rl_llm.paths import cache_dir
+from rl_llm.paths import atomic_path, cache_dir
 
 _CHECK_LIMITS = QueryLimits(timeout_s=10.0)
 # Bump when generated data changes, so cached files of an older version are not reused.
@@ -158,20 +156,17 @@ CREATE TABLE {d.link} ({e}_id INTEGER NOT NULL REFERENCES {e} ({e}_id),
 def write_database(data: GeneratedDatabase, path: Path) -> None:
     """Write the rows to ``path`` atomically (a temp file renamed into place)."""
     d = data.domain
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp_name = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    os.close(handle)
-    connection = sqlite3.connect(tmp_name)
-    try:
-        connection.executescript(_schema(d))
-        for table, rows in ((d.group, data.groups), (d.entity, data.entities), (d.item, data.items),
-                            (d.link, data.links)):  # fmt: skip
-            marks = ", ".join("?" * len(rows[0]))
-            connection.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
-        connection.commit()
-    finally:
-        connection.close()
-    os.replace(tmp_name, path)
+    with atomic_path(path) as partial:
+        connection = sqlite3.connect(partial)
+        try:
+            connection.executescript(_schema(d))
+            for table, rows in ((d.group, data.groups), (d.entity, data.entities), (d.item, data.items),
+                                (d.link, data.links)):  # fmt: skip
+                marks = ", ".join("?" * len(rows[0]))
+                connection.executemany(f"INSERT INTO {table} VALUES ({marks})", rows)
+            connection.commit()
+        finally:
+            connection.close()
 
 
 # A template returns (question, gold SQL, tie check) or None; the tie check is a query whose first column
