@@ -291,6 +291,7 @@ class TrainingRun:
     def evaluate(self) -> EvalResult:
         config = self.config
         seeds = list(range(config.eval.seed, config.eval.seed + config.eval.episodes))
+        self.sync.before_rollout()
         return evaluate_llm(self.make_env, self.generator, seeds, config.eval.temperature,
                             config.rollout.max_new_tokens, config.rollout.concurrency)  # fmt: skip
 

@@ -78,14 +78,24 @@ class InProcessSync(WeightSync):
     def __init__(self, policy: Any, sleep: bool = True) -> None:
         super().__init__(policy)
         self.sleep = sleep
+        self._asleep = False
+
+    def _wake(self) -> None:
+        if self._asleep:
+            self.policy.wake_up()
+            self._asleep = False
+
+    def before_rollout(self) -> None:
+        # A step may end without a push (PPO's critic warm-up): the engine must not generate while asleep.
+        self._wake()
 
     def before_update(self) -> None:
-        if self.sleep:
+        if self.sleep and not self._asleep:
             self.policy.sleep()
+            self._asleep = True
 
     def push(self, model: nn.Module) -> int:
-        if self.sleep:
-            self.policy.wake_up()
+        self._wake()
         with merged_weights(model) as named:
             self.policy.load_weights(named)
         return self.policy.policy_version
