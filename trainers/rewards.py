@@ -1,8 +1,8 @@
 """Reward-level transforms applied between scoring and advantages (research protocols 1.6 and 8.5).
 
 - OTC (Optimal Tool Calls): scale a correct answer's reward by how close its number of tool calls ``m`` is to
-  the optimum ``n``, estimated as the fewest calls among the group's correct trajectories (and, optionally,
-  the fewest ever seen for that task). ``r' = alpha * r_tool(m, n) * r``, so wrong answers stay at 0. The
+  the optimum ``n``, estimated as the fewest calls among the group's correct trajectories (and the fewest
+  ever seen for that task). ``r' = alpha * r_tool(m, n) * r``, so wrong answers stay at 0. The
   formulas are those of the env-level wrapper ``rl_llm.envs.wrappers.otc``; here ``n`` comes from the
   whole group of the current batch, which a wrapper inside one episode cannot see.
 - PODS: from ``n`` rollouts of a prompt keep the ``m`` whose rewards have the largest variance; the optimum
@@ -16,33 +16,34 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rl_llm.envs.wrappers.otc import otc_grpo_tool_reward, otc_ppo_tool_reward
+from rl_llm.envs.wrappers.otc import OptimalCallsTracker, otc_grpo_tool_reward, otc_ppo_tool_reward
 
 
 class OTCTransform:
     """OTC reward over groups of trajectories of the same task.
 
-    ``variant="grpo"`` estimates ``n`` per group (and keeps the per-task minimum across steps when
-    ``track_history``); ``variant="ppo"`` needs no ``n``. A group with no correct trajectory is left as is
-    (``n`` is unknown, and its rewards carry no tool-efficiency signal).
+    ``variant="grpo"`` estimates ``n`` per group, keeping the per-task minimum across steps in an
+    ``OptimalCallsTracker`` (the env wrapper's); ``variant="ppo"`` needs no ``n``. A trajectory is correct
+    when the env says so (``correct``, from ``reported_correct``), else when its reward is positive, as in
+    the wrapper. A group with no correct trajectory is left as is (``n`` is unknown, and its rewards carry
+    no tool-efficiency signal).
     """
 
-    def __init__(
-        self, variant: str = "grpo", alpha: float = 1.0, c: float = 1.0, correct_threshold: float = 0.0,
-        track_history: bool = True,
-    ) -> None:
+    def __init__(self, variant: str = "grpo", alpha: float = 1.0, c: float = 1.0) -> None:
         if variant not in ("grpo", "ppo"):
             raise ValueError(f"OTC variant must be 'grpo' or 'ppo', got {variant!r}")
         self.variant = variant
         self.alpha = alpha
         self.c = c
-        self.correct_threshold = correct_threshold
-        self.track_history = track_history
-        self.history: dict[str, int] = {}
+        self.tracker = OptimalCallsTracker()
 
-    def __call__(self, rewards: Sequence[float], calls: Sequence[int], task_ids: Sequence[str]) -> list[float]:
-        if not len(rewards) == len(calls) == len(task_ids):
-            raise ValueError("rewards, calls and task_ids must have the same length")
+    def __call__(self, rewards: Sequence[float], calls: Sequence[int], task_ids: Sequence[str],
+                 correct: Sequence[bool | None] | None = None) -> list[float]:  # fmt: skip
+        """``correct[i]``: the env's verdict on trajectory ``i`` (None: judge by ``rewards[i] > 0``)."""
+        if correct is None:
+            correct = [None] * len(rewards)
+        if not len(rewards) == len(calls) == len(task_ids) == len(correct):
+            raise ValueError("rewards, calls, task_ids and correct must have the same length")
         out = [float(r) for r in rewards]
         for task in dict.fromkeys(task_ids):
             members = [i for i, t in enumerate(task_ids) if t == task]
@@ -50,21 +51,21 @@ class OTCTransform:
                 for i in members:
                     out[i] = self.alpha * otc_ppo_tool_reward(int(calls[i]), self.c) * out[i]
                 continue
-            correct = [int(calls[i]) for i in members if rewards[i] > self.correct_threshold]
-            if not correct and task not in self.history:
+            for i in members:
+                verdict = correct[i]
+                self.tracker.observe(task, int(calls[i]), rewards[i] > 0 if verdict is None else bool(verdict))
+            optimal = self.tracker.fewest(task)
+            if optimal is None:
                 continue
-            optimal = min(correct + ([self.history[task]] if task in self.history else []))
-            if self.track_history:
-                self.history[task] = optimal
             for i in members:
                 out[i] = self.alpha * otc_grpo_tool_reward(int(calls[i]), optimal, self.c) * out[i]
         return out
 
     def state_dict(self) -> dict[str, int]:
-        return dict(self.history)
+        return self.tracker.state_dict()
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.history = {str(k): int(v) for k, v in state.items()}
+        self.tracker.load_state_dict(state)
 
 
 def pods_max_variance(rewards: Sequence[float], keep: int) -> list[int]:

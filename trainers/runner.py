@@ -27,6 +27,7 @@ import yaml
 import rl_llm  # noqa: F401  (registers the environments)
 from rl_llm.agents.llm import SamplingParams
 from rl_llm.agents.rollout import collect
+from rl_llm.envs.wrappers.attempts import reported_correct
 from rl_llm.trainers.batch import TrainBatch, collate
 from rl_llm.trainers.checkpoint import Checkpointer, restore_rng_state, rng_state, write_text_atomic
 from rl_llm.trainers.config import TrainConfig, config_to_dict
@@ -222,7 +223,8 @@ class TrainingRun:
         task_ids = [t.task_id for t in usable]
         if self.otc is not None:
             calls = [int(t.metrics.get(self.config.otc.metric, 0)) for t in usable]
-            scores = self.otc(scores, calls, task_ids)
+            verdicts = [reported_correct({"metrics": t.metrics}) for t in usable]  # the env's, when it gives one
+            scores = self.otc(scores, calls, task_ids, verdicts)
         if self.config.rollout.pods_keep is not None:
             keep = pods_select(scores, task_ids, self.config.rollout.pods_keep)
             usable, scores = [usable[i] for i in keep], [scores[i] for i in keep]

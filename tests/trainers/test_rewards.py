@@ -23,6 +23,29 @@ def test_otc_transform_estimates_the_optimum_from_correct_group_members() -> Non
     assert otc([1.0], [3], ["a"]) == pytest.approx([math.sin(otc_mapping(3, 2) * math.pi / 4)])
 
 
+def test_otc_transform_takes_the_envs_verdict_over_a_positive_reward() -> None:
+    """A rollout rewarded (partial credit, say) but judged wrong by the env does not set the optimum."""
+    otc = OTCTransform("grpo", alpha=1.0, c=1.0)
+    out = otc([0.5, 1.0, 0.0], [1, 3, 0], ["a", "a", "a"], correct=[False, True, None])
+    assert otc.state_dict() == {"a": 3}  # not 1: the one-call rollout was wrong
+    assert out == pytest.approx([0.5 * math.sin(otc_mapping(1, 3) * math.pi / 6), 1.0, 0.0])
+    # no verdict from the env: a positive reward counts as correct, as in the env wrapper
+    otc([0.5], [2], ["a"], correct=[None])
+    assert otc.state_dict() == {"a": 2}
+    # a group where nothing is correct by the env's verdict and no history: left as is
+    assert otc([0.7, 0.2], [1, 4], ["b", "b"], correct=[False, False]) == pytest.approx([0.7, 0.2])
+    assert "b" not in otc.state_dict()
+
+
+def test_otc_transform_state_round_trips() -> None:
+    otc = OTCTransform("grpo")
+    otc([1.0, 1.0], [2, 5], ["a", "b"])
+    restored = OTCTransform("grpo")
+    restored.load_state_dict(otc.state_dict())
+    assert restored.state_dict() == {"a": 2, "b": 5}
+    assert restored([1.0], [4], ["a"]) == otc([1.0], [4], ["a"])
+
+
 def test_otc_ppo_variant_and_length_check() -> None:
     assert OTCTransform("ppo", alpha=2.0, c=1.0)([1.0, 0.5], [1, 0], ["a", "a"]) == pytest.approx([1.0, 1.0])
     with pytest.raises(ValueError, match="same length"):
