@@ -59,11 +59,9 @@ class HFPolicy(LLMPolicy):
             if tokenizer is None:
                 tokenizer = AutoTokenizer.from_pretrained(source)
         else:
-            if str(model) == "tiny":
-                from rl_llm.agents.tiny import tiny_model
+            from rl_llm.agents.tiny import resolve_model
 
-                model = tiny_model()
-            source = str(model)
+            source = str(resolve_model(model))
             torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
             self.model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
             self.model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -74,6 +74,11 @@ def default_tiny_model_path(architecture: str = "qwen2") -> Path:
     return cache_dir() / f"tiny-{architecture}"
 
 
+def resolve_model(model: str | Path) -> str | Path:
+    """``"tiny"`` means the tiny model (its cached directory, built on first use); anything else is returned as is."""
+    return tiny_model() if str(model) == "tiny" else model
+
+
 def tiny_model(path: str | Path | None = None, **settings: int | str) -> Path:
     """Build (or reuse) a tiny random chat model at ``path`` and return the directory.
 

@@ -90,6 +90,7 @@ class VLLMPolicy(LLMPolicy):
         self,
         model: str | Path,
         *,
+        tokenizer: Any = None,
         sampling: SamplingParams | None = None,
         stop: Sequence[str] = (),
         async_engine: bool = True,
@@ -103,12 +104,11 @@ class VLLMPolicy(LLMPolicy):
         super().__init__(sampling, stop)
         vllm = require_vllm()
         self._vllm = vllm
-        if str(model) == "tiny":
-            from rl_llm.agents.tiny import tiny_model
+        from rl_llm.agents.tiny import resolve_model
 
-            model = tiny_model()
+        model = resolve_model(model)
         self.name = f"vllm:{model}"
-        self.tokenizer = _load_tokenizer(model)
+        self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(model)
         options = dict(
             model=str(model), seed=seed, gpu_memory_utilization=gpu_memory_utilization, dtype=dtype,
             enable_sleep_mode=enable_sleep_mode, max_model_len=max_model_len, **engine_kwargs,

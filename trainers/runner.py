@@ -97,11 +97,9 @@ class StepTimer:
 
 
 def resolve_model_path(config: TrainConfig) -> Path:
-    if config.model.path == "tiny":
-        from rl_llm.agents.tiny import tiny_model
+    from rl_llm.agents.tiny import resolve_model
 
-        return tiny_model()
-    path = Path(config.model.path).expanduser()
+    path = Path(resolve_model(config.model.path)).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model.path {config.model.path!r} is not a local directory (no hub downloads here)")
     return path
@@ -186,7 +184,7 @@ class TrainingRun:
             # The engine in this process: new weights are copied straight into its model, GPU to GPU.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             return VLLMPolicy(
-                self.model_path, sampling=sampling, async_engine=False, seed=config.seed,
+                self.model_path, tokenizer=self.tokenizer, sampling=sampling, async_engine=False, seed=config.seed,
                 gpu_memory_utilization=vllm.gpu_memory_utilization, enable_sleep_mode=vllm.sleep,
                 max_model_len=vllm.max_model_len, dtype=config.model.dtype,
             )  # fmt: skip

@@ -16,6 +16,7 @@ from rl_llm.agents.tiny import (
     TinyModelSpec,
     _is_built,
     default_tiny_model_path,
+    resolve_model,
     tiny_model,
 )
 from rl_llm.envs import registration
@@ -71,6 +72,12 @@ def test_building_again_reuses_the_directory(tiny_model_dir: Path) -> None:
     stamps = {path.name: path.stat().st_mtime_ns for path in tiny_model_dir.iterdir()}
     assert tiny_model(tiny_model_dir) == tiny_model_dir
     assert {path.name: path.stat().st_mtime_ns for path in tiny_model_dir.iterdir()} == stamps
+
+
+def test_resolve_model_maps_only_tiny_to_the_built_directory(tiny_model_dir: Path) -> None:
+    assert resolve_model("tiny") == tiny_model_dir
+    assert resolve_model("some/other-model") == "some/other-model"
+    assert resolve_model(Path("/models/x")) == Path("/models/x")
 
 
 def test_the_cache_is_stale_once_the_registered_environments_change(tiny_model_dir: Path,
