@@ -13,7 +13,7 @@ import gymnasium as gym
 from rich.console import Console
 
 from rl_llm.agents.baselines import baselines_for, make_baseline
-from rl_llm.agents.evaluate import mean_ci95, run_episodes, summary_table
+from rl_llm.agents.evaluate import evaluate, mean_ci95, summary_table
 from rl_llm.agents.rollout import collect
 from rl_llm.trainers.checkpoint import write_text_atomic
 
@@ -73,8 +73,8 @@ def evaluate_baselines(config: Any, names: Sequence[str]) -> dict[str, EvalResul
     for name in names:
         if name not in available:
             continue
-        records = run_episodes(lambda: gym.make(env_id, **config.env.kwargs), make_baseline(name, env_id, seed=seed),
-                               episodes, seed=seed)  # fmt: skip
+        records = evaluate(env_id, make_baseline(name, env_id, seed=seed), episodes, seed=seed,
+                           env_kwargs=config.env.kwargs)  # fmt: skip
         results[name] = _result([r.seed for r in records], [r.episode_return for r in records],
                                 [r.metrics for r in records])  # fmt: skip
     return results
