@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rl_llm.agents.baselines.tictactoe import Minimax, RandomMove
-from rl_llm.agents.policy import Policy, TextPolicy
+from rl_llm.agents.policy import Policy, TextPolicy, last_user_message
 from rl_llm.envs.social.negotiation import format_bundle, welfare_share
 from rl_llm.envs.social.trust_and_split_v0 import BEATS, HANDS
 from rl_llm.types import Message
@@ -36,11 +36,8 @@ def observation_text(conversation: list[Message]) -> str:
 
 def prompt_line(conversation: list[Message]) -> str:
     """The last line of the last observation: what the game asks for now."""
-    for message in reversed(conversation):
-        if message.role == "user":
-            lines = message.content.rstrip().splitlines()
-            return lines[-1] if lines else ""
-    return ""
+    lines = last_user_message(conversation).rstrip().splitlines()
+    return lines[-1] if lines else ""
 
 
 def read_bundle(text: str) -> dict[str, float]:
