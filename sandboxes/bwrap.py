@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rl_llm.sandboxes.base import Command, ExecResult, Sandbox, SandboxLimits, SandboxUnavailable
 from rl_llm.sandboxes.oneshot import run_to_completion
-from rl_llm.sandboxes.processes import children
+from rl_llm.sandboxes.processes import children, send
 from rl_llm.sandboxes.shell import DRIVER_ARGV, PopenShell, ShellProcess, spawn_popen_shell
 from rl_llm.sandboxes.workspace import INNER_UID, MAX_SLOTS, UID_BASE, Workspace, as_user, base_dir, log
 
@@ -173,9 +173,7 @@ def kill_bwrap(proc: subprocess.Popen[bytes]) -> None:
     namespace before its PID 1 is reaped, so then nothing of the run is left. (Killing the outer bwrap too
     would return at once, while the namespace may still be dying.)"""
     inits = children(proc.pid)
-    for init in inits:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(init, signal.SIGKILL)
+    send(inits, signal.SIGKILL)
     if inits:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(10)

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from rl_llm.sandboxes.base import TIMEOUT_EXIT_CODE, ExecResult
-from rl_llm.sandboxes.processes import close_fds, owned_pipe
+from rl_llm.sandboxes.processes import close_fds, exit_status, owned_pipe
 from rl_llm.sandboxes.streams import FdPump, StreamCapture
 
 # After the main process exits (or is killed), how long leftovers holding the pipes may keep them open.
@@ -83,11 +83,6 @@ def run_to_completion(argv: list[str], *, env: dict[str, str], cwd: str | None, 
     return ExecResult(stdout=out.text(), stderr=err.text(),
                       exit_code=TIMEOUT_EXIT_CODE if timed_out else exit_status(code), timed_out=timed_out,
                       duration_s=time.monotonic() - started, truncated=out.truncated or err.truncated)
-
-
-def exit_status(code: int) -> int:
-    """Shell convention: a process killed by signal N reports 128 + N."""
-    return 128 - code if code < 0 else code
 
 
 def _pidfd(pid: int) -> int | None:

@@ -63,6 +63,11 @@ def send(pids: Iterable[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
+def exit_status(code: int) -> int:
+    """Shell convention: a process killed by signal N reports 128 + N."""
+    return 128 - code if code < 0 else code
+
+
 def kill_by_environ(entry: str, wait: float = 2.0) -> None:
     """SIGKILL every other process whose environment holds `entry` ("NAME=value"), again until none is left
     (or `wait` seconds passed): children forked meanwhile inherit the entry and are caught on the next pass."""

@@ -37,7 +37,15 @@ from rl_llm.sandboxes.base import (
     command_text,
     python_argv,
 )
-from rl_llm.sandboxes.processes import close_fds, descendants, owned_pipe, send, spawn_long_lived
+from rl_llm.sandboxes.processes import (
+    close_fds,
+    descendants,
+    exit_status,
+    kill_group,
+    owned_pipe,
+    send,
+    spawn_long_lived,
+)
 from rl_llm.sandboxes.streams import FdPump, StreamCapture
 
 if TYPE_CHECKING:
@@ -121,10 +129,7 @@ class PopenShell(ShellProcess):
         send(tree if hard else [driver, *tree], 9 if hard else 2)
 
     def terminate(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, 9)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5)
+        kill_group(self.proc)
 
     def close_pipes(self) -> None:
         with self._close_lock:  # closing a number twice could close another thread's new fd
@@ -138,7 +143,7 @@ class PopenShell(ShellProcess):
             code = self.proc.wait(wait) if wait else self.proc.poll()
         except subprocess.TimeoutExpired:
             return None
-        return None if code is None else (128 - code if code < 0 else code)
+        return None if code is None else exit_status(code)
 
 
 class _Box:
