@@ -26,7 +26,6 @@ GenerateBatch = Callable[[Sequence[GenerationRequest]], list[Completion]]
 @dataclass
 class BatchStats:
     batch_sizes: list[int] = field(default_factory=list)
-    generate_seconds: float = 0.0
 
     @property
     def mean_batch_size(self) -> float:
@@ -109,5 +108,4 @@ class BatchScheduler:
                 if not future.done():
                     future.set_result(completion)
         self._last_call_s = time.perf_counter() - started
-        self.stats.generate_seconds += self._last_call_s
         self.stats.batch_sizes.append(len(batch))

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,7 +54,6 @@ EnvFactory = Callable[[], gym.Env]
 
 @dataclass(frozen=True)
 class EpisodeJob:
-    index: int
     seed: int | None
     group_index: int = 0
     options: dict[str, Any] | None = None
@@ -63,15 +61,8 @@ class EpisodeJob:
 
 @dataclass
 class RolloutStats:
-    wall_seconds: float = 0.0
-    env_seconds: float = 0.0
-    episodes: int = 0
     policy_tokens: int = 0
     batches: BatchStats = field(default_factory=BatchStats)
-
-    @property
-    def policy_tokens_per_second(self) -> float:
-        return self.policy_tokens / self.wall_seconds if self.wall_seconds else 0.0
 
 
 def collect(
@@ -99,7 +90,7 @@ def collect(
         policy, env, env_kwargs=env_kwargs, max_new_tokens=max_new_tokens, concurrency=concurrency, **engine_options
     )
     jobs = [
-        EpisodeJob(index=i * group_size + g, seed=seed, group_index=g, options=reset_options)
+        EpisodeJob(seed=seed, group_index=g, options=reset_options)
         for i, seed in enumerate(seeds)
         for g in range(group_size)
     ]
@@ -149,7 +140,6 @@ class RolloutEngine:
     async def arun(
         self, jobs: Sequence[EpisodeJob], on_trajectory: Callable[[Trajectory], None] | None = None
     ) -> list[Trajectory]:
-        started = time.perf_counter()
         self._on_trajectory = on_trajectory
         self._slots = asyncio.Semaphore(self.concurrency)
         self._idle_envs: list[gym.Env] = []
@@ -179,8 +169,6 @@ class RolloutEngine:
                 await asyncio.gather(scheduler_task, return_exceptions=True)
             await self._close_envs()
             self._env_pool.shutdown(wait=False)
-        self.stats.wall_seconds += time.perf_counter() - started
-        self.stats.episodes += len(trajectories)
         self.stats.policy_tokens += sum(t.num_policy_tokens for t in trajectories)
         return list(trajectories)
 
@@ -231,9 +219,7 @@ class RolloutEngine:
             except Exception as error:
                 return record.fail(f"generation failed: {type(error).__name__}: {error}"), True
             try:
-                started = time.perf_counter()
                 observation, reward, terminated, truncated, info = await self._in_env_thread(env.step, completion.text)
-                self.stats.env_seconds += time.perf_counter() - started
             except Exception as error:
                 return record.fail(f"env.step failed: {type(error).__name__}: {error}"), False
             record.add_step(completion, observation, reward, info)

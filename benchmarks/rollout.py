@@ -48,7 +48,7 @@ class Clock:
 def run_engine(policy: HFPolicy, episodes: int, turns: int, seed: int) -> tuple[list[Trajectory], tuple[float, float], RolloutEngine]:
     make_env = functools.partial(gym.make, ENV_ID, horizon=turns)
     engine = RolloutEngine(policy, make_env, concurrency=episodes)
-    jobs = [EpisodeJob(index=i, seed=seed + i) for i in range(episodes)]
+    jobs = [EpisodeJob(seed=seed + i) for i in range(episodes)]
     clock = Clock()
     trajectories = engine.run(jobs)
     return trajectories, clock.elapsed(), engine

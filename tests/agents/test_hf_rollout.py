@@ -120,8 +120,8 @@ class GatedEnv(TextEnv):
 def test_an_episode_blocked_in_its_env_step_does_not_hold_the_others_up(make_tiny_policy) -> None:
     policy = make_tiny_policy(max_new_tokens=4)
     gate = threading.Event()
-    fast_jobs = [EpisodeJob(index=i, seed=i, options={"turns": 4}) for i in (1, 2, 3)]
-    jobs = [EpisodeJob(index=0, seed=0, options={"turns": 1, "gate": gate}), *fast_jobs]
+    fast_jobs = [EpisodeJob(seed=i, options={"turns": 4}) for i in (1, 2, 3)]
+    jobs = [EpisodeJob(seed=0, options={"turns": 1, "gate": gate}), *fast_jobs]
     finished: list[int] = []
 
     def on_trajectory(trajectory) -> None:
@@ -139,8 +139,8 @@ def test_an_episode_blocked_in_its_env_step_does_not_hold_the_others_up(make_tin
 
 def test_a_failing_env_ends_only_its_own_episode_with_the_reason(make_tiny_policy) -> None:
     policy = make_tiny_policy(max_new_tokens=4)
-    jobs = [EpisodeJob(index=0, seed=0, options={"turns": 3, "fail_on": 2}),
-            EpisodeJob(index=1, seed=1, options={"turns": 3})]  # fmt: skip
+    jobs = [EpisodeJob(seed=0, options={"turns": 3, "fail_on": 2}),
+            EpisodeJob(seed=1, options={"turns": 3})]  # fmt: skip
     broken, healthy = RolloutEngine(policy, GatedEnv, concurrency=2).run(jobs)
     assert broken.end_reason == "error" and "env.step failed: RuntimeError: tool crashed" in broken.error
     assert len(broken.turns) == 1 and broken.truncated
@@ -169,8 +169,8 @@ class HandoffEnv(TextEnv):
 
 def test_an_exception_in_one_episode_stops_the_others_too(make_tiny_policy) -> None:
     events = {"second_is_stepping": threading.Event(), "release": threading.Event()}
-    jobs = [EpisodeJob(index=0, seed=0, options={"role": "first", **events}),
-            EpisodeJob(index=1, seed=1, options={"role": "second", **events})]  # fmt: skip
+    jobs = [EpisodeJob(seed=0, options={"role": "first", **events}),
+            EpisodeJob(seed=1, options={"role": "second", **events})]  # fmt: skip
 
     def on_trajectory(trajectory) -> None:
         events["release"].set()  # the second episode's step returns, and it would go on playing
@@ -189,7 +189,7 @@ def test_the_context_limit_ends_an_episode_as_truncated(make_tiny_policy) -> Non
     policy = make_tiny_policy(max_new_tokens=8)
     prompt_length = len(policy.chat_format.prompt_ids([Message("system", "Say anything."), Message("user", "Turn 0.")]))
     engine = RolloutEngine(policy, GatedEnv, max_context_tokens=prompt_length + 30)
-    (trajectory,) = engine.run([EpisodeJob(index=0, seed=0, options={"turns": 50})])
+    (trajectory,) = engine.run([EpisodeJob(seed=0, options={"turns": 50})])
     assert trajectory.end_reason == "context_limit" and trajectory.truncated and trajectory.error is None
     assert len(trajectory.token_ids) <= prompt_length + 30
     assert_token_bookkeeping(trajectory, policy)

@@ -116,7 +116,7 @@ class EnvRollout:
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         from rl_llm.agents.rollout import EpisodeJob, RolloutEngine
 
-        jobs = [EpisodeJob(index=i, seed=seed, options=options) for i, (seed, options) in enumerate(map(task_of, prompts))]
+        jobs = [EpisodeJob(seed=seed, options=options) for seed, options in map(task_of, prompts)]
         engine = RolloutEngine(self.policy_for(trainer), self.env_factory, max_new_tokens=self.max_new_tokens, **self.engine_options)
         trajectories = self.last_trajectories = engine.run(jobs)
         output: dict[str, list[Any]] = {key: [] for key in ("prompt_ids", "completion_ids", "env_mask", "logprobs")}
