@@ -66,9 +66,8 @@ class LocalSandbox(Sandbox):
 
     def _kill_all(self) -> bool:
         if self._marker is None:
-            self._workspace.kill_processes()  # every process of the slot's private uid
-        else:
-            kill_by_environ(self._marker)
+            return super()._kill_all()  # every process of the slot's private uid
+        kill_by_environ(self._marker)
         return True
 
     def spawn_shell(self) -> ShellProcess:
