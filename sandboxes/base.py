@@ -169,7 +169,6 @@ class Sandbox(abc.ABC):
         self._workspace = workspace
         self.keep_warm = keep_warm
         self._closed = False
-        self._limits_prefix: tuple[SandboxLimits, str] | None = None  # see `_shell_argv`
         # Everything cleanup needs lives here, not on self, so the finalizer does not keep the sandbox alive.
         self._res = _Resources(workspace)
         self._finalizer = weakref.finalize(self, self._res.cleanup)
@@ -309,10 +308,7 @@ class Sandbox(abc.ABC):
         """bash applying the limits, then running `cmd` (a command line, or an argv list without a shell).
         The EXIT trap stops bash from exec'ing the last command, so bash stays the top process (PID 1 in a
         bwrap namespace, reaping orphans) and the command keeps normal signal handling."""
-        limits, cached = self.limits, self._limits_prefix
-        if cached is None or cached[0] is not limits:  # once per limits object (they are frozen)
-            cached = self._limits_prefix = (limits, f"trap : EXIT; {limits.ulimit_command()} || exit 125")
-        prefix = cached[1]
+        prefix = f"trap : EXIT; {self.limits.ulimit_command()} || exit 125"
         if isinstance(cmd, str):
             return ["/bin/bash", "-c", f"{prefix}; {cmd}"]
         return ["/bin/bash", "-c", f'{prefix}; "$@"', "rl-sandbox", *cmd]
