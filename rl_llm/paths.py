@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,15 +20,14 @@ def cache_dir() -> Path:
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Write ``path`` atomically: yields a new empty temporary file next to it (``.<name>.<random>.partial``,
-    mode 0600; the parent directories are created), renamed over ``path`` when the block ends and removed
-    when it raises. Readers see the old file or the whole new one. The name comes from ``tempfile.mkstemp``,
-    so writers in other processes or threads never share it; when several write the same ``path``, the last
-    rename wins."""
+    the parent directories are created), renamed over ``path`` when the block ends and removed when it
+    raises. Readers see the old file or the whole new one. The random name is created exclusively, so writers
+    in other processes or threads never share it; when several write the same ``path``, the last rename
+    wins. The file gets the mode a plain ``open`` would give (0666 less the umask)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    os.close(descriptor)
-    partial = Path(name)
+    partial = path.with_name(f".{path.name}.{secrets.token_hex(8)}.partial")
+    os.close(os.open(partial, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
     try:
         yield partial
         partial.replace(path)

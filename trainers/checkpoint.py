@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rl_llm.paths import atomic_path
+
 LATEST = "latest"
 
 
@@ -57,12 +59,10 @@ def _fsync_tree(directory: Path) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with temporary.open("w", encoding="utf-8") as handle:
+    with atomic_path(path) as temporary, temporary.open("w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(temporary, path)
 
 
 class Checkpointer:

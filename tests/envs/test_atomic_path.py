@@ -42,3 +42,10 @@ def test_concurrent_writers_get_their_own_temporary_files(tmp_path) -> None:
     text = target.read_text()
     assert text in {f"writer {n}\n" * 1000 for n in range(8)}
     assert [p.name for p in tmp_path.iterdir()] == ["shared.txt"]
+
+
+def test_the_file_gets_the_mode_a_plain_open_gives(tmp_path) -> None:
+    with atomic_path(tmp_path / "atomic.txt") as partial:
+        partial.write_text("x")
+    (tmp_path / "plain.txt").write_text("x")
+    assert (tmp_path / "atomic.txt").stat().st_mode == (tmp_path / "plain.txt").stat().st_mode
