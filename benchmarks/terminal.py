@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from rl_llm.agents.baselines.terminal import DoNothing, RandomCommands, TerminalOracle
 from rl_llm.agents.policy import Policy
 from rl_llm.envs.terminal import FAMILIES
-from rl_llm.envs.terminal_env import TerminalEnv
+from rl_llm.envs.terminal.terminal_env import TerminalEnv
 from rl_llm.types import Message
 
 AGENTS = {"oracle": TerminalOracle, "do_nothing": DoNothing, "random": RandomCommands}

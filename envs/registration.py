@@ -23,37 +23,37 @@ class EnvEntry:
 ENVIRONMENTS: tuple[EnvEntry, ...] = (
     EnvEntry(
         "rl-llm/MultiArmedBandit-v0",
-        "rl_llm.envs.multi_armed_bandit:MultiArmedBanditEnv",
+        "rl_llm.envs.bandits.multi_armed_bandit:MultiArmedBanditEnv",
         "K-armed Bernoulli/Gaussian bandit; pick arms by label, regret metrics",
     ),
     EnvEntry(
         "rl-llm/ContextualBandit-v0",
-        "rl_llm.envs.contextual_bandit:ContextualBanditEnv",
+        "rl_llm.envs.bandits.contextual_bandit:ContextualBanditEnv",
         "linear contextual bandit; context vector in text, per-step optimal arm",
     ),
     EnvEntry(
         "rl-llm/TicTacToe-v0",
-        "rl_llm.envs.tic_tac_toe:TicTacToeEnv",
+        "rl_llm.envs.tictactoe.tic_tac_toe:TicTacToeEnv",
         "tic-tac-toe vs random / minimax / mixed opponent",
     ),
     EnvEntry(
         "rl-llm/TextToSQL-v0",
-        "rl_llm.envs.text_to_sql:TextToSQLEnv",
+        "rl_llm.envs.sql.text_to_sql:TextToSQLEnv",
         "Text2SQL on real read-only SQLite DBs (Chinook, generated, Spider/BIRD dirs); execution-match reward",
     ),
     EnvEntry(
         "rl-llm/Search-v0",
-        "rl_llm.envs.search:SearchEnv",
+        "rl_llm.envs.search.search:SearchEnv",
         "Search-R1 QA with BM25/dense/server retrieval; 1-3 hop generated KB or your corpus; EM/F1/format rewards",
     ),
     EnvEntry(
         "rl-llm/ToolCalls-v0",
-        "rl_llm.envs.tool_calls:ToolCallsEnv",
+        "rl_llm.envs.tools.tool_calls:ToolCallsEnv",
         "search + calculator + sandboxed python; XML or JSON tool calls; lookup-and-compute tasks",
     ),
     EnvEntry(
         "rl-llm/Terminal-v0",
-        "rl_llm.envs.terminal_env:TerminalEnv",
+        "rl_llm.envs.terminal.terminal_env:TerminalEnv",
         "sandboxed bash tasks (10 generated families, 3 levels, or your task dirs); completion-check reward",
     ),
 )

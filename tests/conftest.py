@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
@@ -37,3 +40,29 @@ def hostile_text(draw: st.DrawFn) -> str:
     if kind == "huge":
         return text * draw(st.integers(100, 3000)) + draw(st.sampled_from(TAG_FRAGMENTS))
     return text
+
+
+# One real vLLM OpenAI-compatible server of the tiny model, shared by every test that needs a real endpoint
+# (vLLM backends, `openai:` agents, benchmark suites, verifiers): starting one costs about a minute on CPU.
+TINY_SERVER_ARGS = ("--max-model-len", "4096", "--dtype", "float32", "--kv-cache-memory-bytes", str(512 * 2**20),
+                    "--seed", "0")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A running ``VLLMServer`` of the tiny model: ``.url`` (http://127.0.0.1:PORT, add ``/v1`` for the
+    OpenAI API) and ``.model`` (the served model name, the tiny model's directory). Skips naming what is missing."""
+    from rl_llm.agents.vllm_backend import VLLMServer, vllm_import_error
+
+    reason = vllm_import_error()
+    if reason is not None:
+        pytest.skip(f"needs vLLM (CPU or GPU build): {reason}")
+    from rl_llm.agents import tiny_model
+
+    model = str(tiny_model())
+    server = VLLMServer(model, extra_args=TINY_SERVER_ARGS, log_path=tmp_path_factory.mktemp("vllm") / "server.log")
+    server.model = model
+    try:
+        yield server
+    finally:
+        server.close()

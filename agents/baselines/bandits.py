@@ -12,8 +12,8 @@ import re
 import numpy as np
 
 from rl_llm.agents.policy import TextPolicy, last_user_message, system_message
-from rl_llm.envs.bandit_base import ARM_LABELS, ucb1_choice
-from rl_llm.envs.contextual_bandit import LinUCB
+from rl_llm.envs.bandits.base import ARM_LABELS, ucb1_choice
+from rl_llm.envs.bandits.contextual_bandit import LinUCB
 from rl_llm.types import Message
 
 _ARMS = re.compile(r"Arms: ([A-Z](?:, [A-Z])*)\.")

@@ -7,7 +7,7 @@ import re
 import numpy as np
 
 from rl_llm.agents.policy import TextPolicy, last_user_message
-from rl_llm.envs.tictactoe_rules import CELL_NAMES, legal_moves, optimal_moves, winner
+from rl_llm.envs.tictactoe.rules import CELL_NAMES, legal_moves, optimal_moves, winner
 from rl_llm.types import Message
 
 _BOARD_ROW = re.compile(r"^([ABC]) ([XO.]) ([XO.]) ([XO.])$", re.MULTILINE)

@@ -17,7 +17,7 @@ from rl_llm.envs.social.base import (
     other,
     plural,
 )
-from rl_llm.envs.tictactoe_rules import (
+from rl_llm.envs.tictactoe.rules import (
     CELL_NAMES,
     EMPTY_BOARD,
     HOW_TO_PLAY,

@@ -1,4 +1,4 @@
-"""Parts of the TextToSQL environment (``rl_llm.envs.text_to_sql``).
+"""Parts of the TextToSQL environment (``rl_llm.envs.sql.text_to_sql``).
 
 ``database`` (read-only, time- and size-limited SQLite access), ``results`` (execution-match comparison),
 ``rewards`` (partial rewards and presets), ``scoring`` (gold-result cache, scorer), ``render`` (schema and

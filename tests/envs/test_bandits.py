@@ -10,7 +10,7 @@ import rl_llm  # noqa: F401
 from rl_llm.agents.baselines import make_baseline
 from rl_llm.agents.baselines.bandits import bandit_statistics
 from rl_llm.agents.evaluate import run_episodes, summarize
-from rl_llm.envs.bandit_base import parse_arm
+from rl_llm.envs.bandits.base import parse_arm
 
 MAB = "rl-llm/MultiArmedBandit-v0"
 CB = "rl-llm/ContextualBandit-v0"

@@ -10,7 +10,7 @@ import pytest
 
 import rl_llm  # noqa: F401
 from rl_llm.agents.baselines.search import SearchOracle
-from rl_llm.envs.search_protocols import (
+from rl_llm.envs.search.protocols import (
     is_valid_search_r1_sequence,
     last_boxed,
     r1_searcher_stage1,

@@ -14,7 +14,7 @@ import rl_llm  # noqa: F401
 from rl_llm.agents.baselines.terminal import DoNothing, RandomCommands, TerminalOracle
 from rl_llm.agents.evaluate import run_episodes
 from rl_llm.envs.terminal import FAMILIES, TerminalTask, generate_task, load_task_folder
-from rl_llm.envs.terminal_env import INVALID_ACTION, TerminalEnv, parse_turn
+from rl_llm.envs.terminal.terminal_env import INVALID_ACTION, TerminalEnv, parse_turn
 from rl_llm.sandboxes import SandboxPool, available_backends, make
 from tests.envs.helpers_search import play
 from tests.envs.test_terminal_tasks import BASH_TEST, PY_TEST, write_task

@@ -18,7 +18,7 @@ from rl_llm.agents.baselines import make_baseline
 from rl_llm.agents.evaluate import run_episodes
 from rl_llm.envs.sql.results import has_top_level_order_by, results_match
 from rl_llm.envs.sql.tasks import CHINOOK_DB, SqlTask
-from rl_llm.envs.text_to_sql import TextToSQLEnv
+from rl_llm.envs.sql.text_to_sql import TextToSQLEnv
 
 ENV_ID = "rl-llm/TextToSQL-v0"
 

@@ -9,7 +9,7 @@ import rl_llm  # noqa: F401
 from rl_llm.agents.baselines import make_baseline
 from rl_llm.agents.baselines.tictactoe import parse_board
 from rl_llm.agents.evaluate import run_episodes
-from rl_llm.envs.tictactoe_rules import CELL_NAMES, optimal_moves, parse_cell, read_move, winner
+from rl_llm.envs.tictactoe.rules import CELL_NAMES, optimal_moves, parse_cell, read_move, winner
 
 TTT = "rl-llm/TicTacToe-v0"
 

@@ -21,7 +21,7 @@ from rl_llm.envs.retrieval import (
     load_qa,
 )
 from rl_llm.envs.retrieval.corpus import QAExample
-from rl_llm.envs.search_protocols import PROTOCOLS, REWARDS, SearchProtocol
+from rl_llm.envs.search.protocols import PROTOCOLS, REWARDS, SearchProtocol
 from rl_llm.paths import cache_dir as package_cache_dir
 
 MAX_QUERY_CHARS = 1000

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from rl_llm.envs.bandit_base import BanditEnv
+from rl_llm.envs.bandits.base import BanditEnv
 
 
 def format_vector(vector: np.ndarray) -> str:

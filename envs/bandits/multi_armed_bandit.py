@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from rl_llm.envs.bandit_base import BanditEnv, ucb1_choice
+from rl_llm.envs.bandits.base import BanditEnv, ucb1_choice
 
 DISTRIBUTIONS = ("bernoulli", "gaussian")
 

@@ -6,7 +6,7 @@ from functools import cache
 from typing import Any
 
 from rl_llm.envs.base import Outcome, Task, TextEnv
-from rl_llm.envs.tictactoe_rules import (
+from rl_llm.envs.tictactoe.rules import (
     CELL_NAMES,
     EMPTY_BOARD,
     HOW_TO_PLAY,
