@@ -1,12 +1,14 @@
 """rl_llm.agents: policies (LLM backends and classical baselines), rollouts and evaluation.
 
 - ``make_policy(spec, env_id, seed, **options)``: any agent from a command-line spec (see its docstring).
-- LLM backends (``rl_llm.agents.llm``): ``HFPolicy`` (``rl_llm.agents.hf``), ``VLLMPolicy`` /
-  ``VLLMServerPolicy`` (``rl_llm.agents.vllm_backend``), ``OpenAIPolicy`` (``rl_llm.agents.openai_backend``).
+- LLM backends (``rl_llm.agents.llm``): ``HFPolicy`` (``rl_llm.agents.hf``), ``VLLMPolicy``
+  (``rl_llm.agents.vllm_backend``), ``VLLMServerPolicy`` (``rl_llm.agents.vllm_server``),
+  ``OpenAIPolicy`` (``rl_llm.agents.openai_backend``).
 - ``collect(env, policy, seeds, group_size, ...)`` (``rl_llm.agents.rollout``): concurrent rollouts
   recorded token-in, token-out as ``Trajectory`` records; the trainer's data source.
 - ``tiny_model(path=None)`` / ``default_tiny_model_path()`` (``rl_llm.agents.tiny``): a small random chat
-  model built locally, cached under ``~/.cache/rl-llm/tiny-qwen2`` (``$RL_LLM_CACHE`` moves the cache).
+  model built locally from a pinned, versioned recipe (``RECIPE_VERSION``), cached under
+  ``~/.cache/rl-llm/tiny-qwen2-r<version>`` (``$RL_LLM_CACHE`` moves the cache).
 
 Heavy dependencies (torch, transformers, vLLM) load only when an LLM backend is built.
 """
@@ -61,13 +63,15 @@ def make_policy(spec: str, env_id: str, seed: int | None = None, **options: Any)
 
         url, model = _url_and_model(spec, target)
         return OpenAIPolicy(url, model, sampling=sampling, **options)
-    from rl_llm.agents.vllm_backend import VLLMPolicy, VLLMServerPolicy
+    from rl_llm.agents.vllm_server import VLLMServerPolicy
 
     if backend == "vllm-serve":
         return VLLMServerPolicy.launch(target, sampling=sampling, **options)
     if target.startswith(("http://", "https://")):
         url, model = _url_and_model(spec, target)
         return VLLMServerPolicy(url, model, sampling=sampling, **options)
+    from rl_llm.agents.vllm_backend import VLLMPolicy
+
     return VLLMPolicy(target, sampling=sampling, seed=seed or 0, **options)
 
 

@@ -2,7 +2,8 @@
 
 Retried: timeouts, connection failures, HTTP 408/409/429 and 5xx, and malformed bodies (not JSON, or JSON
 without the fields the caller needs). Not retried: other 4xx (a bad request stays bad). After the last
-attempt a ``BackendError`` names the URL, the attempts and the last failure.
+attempt a ``BackendError`` names the URL, the attempts and the last failure; a prompt longer than the model's
+context window is a ``ContextLengthExceeded`` (a ``BackendError``), so callers can tell it from a failure.
 """
 
 from __future__ import annotations
@@ -20,6 +21,14 @@ MAX_RETRY_AFTER_S = 30.0
 
 class BackendError(RuntimeError):
     """A generation request failed for good (after retries, or on a non-retryable error)."""
+
+
+class ContextLengthExceeded(BackendError):
+    """The server refused the request because the prompt no longer fits the model's context window."""
+
+
+#: How servers say so: vLLM ("maximum context length"), OpenAI (code "context_length_exceeded").
+CONTEXT_LENGTH_MARKERS = ("maximum context length", "context_length_exceeded")
 
 
 class MalformedResponse(ValueError):
@@ -74,6 +83,9 @@ class RetryingJSONClient:
                     if status >= 400:
                         failure = f"HTTP {status}: {_snippet(response.text)}"
                         if status not in RETRYABLE_STATUS and status < 500:
+                            if status == 400 and any(marker in response.text for marker in CONTEXT_LENGTH_MARKERS):
+                                raise ContextLengthExceeded(f"POST {url}: the prompt no longer fits the model's "
+                                                            f"context window: {failure}")  # fmt: skip
                             raise BackendError(f"POST {url} failed: {failure}")
                         delay = _retry_after(response)
                     else:

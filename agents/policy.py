@@ -23,6 +23,9 @@ class Completion:
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     finish_reason: str | None = None
+    # The weights version that generated it, where the backend knows (asynchronous training, where weights
+    # can change between the request and the moment the episode reads the reply).
+    policy_version: int | None = None
 
 
 class Policy:

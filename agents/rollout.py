@@ -25,6 +25,11 @@ on and produced; ``turn.token_start:turn.token_end`` are the policy tokens of ea
 ``policy.decode(those tokens) == turn.action``, the text the env received. Chat-only backends (``openai``)
 give trajectories with messages and turns but no tokens.
 
+Partial rollouts (APRIL): ``RolloutEngine.run(jobs, until=...)`` pauses every unfinished episode between
+two turns once ``until(finished)`` holds, and returns it as a ``PausedEpisode`` (its env, still open, and
+the trajectory so far); a later run given ``EpisodeJob(resume=paused)`` continues it, possibly with newer
+weights: each turn keeps the policy version that produced it.
+
 A failed generation or env call ends that episode with ``end_reason="error"`` and the reason in
 ``trajectory.error``; every other episode goes on and every requested trajectory is returned.
 ``write_trajectories`` / ``read_trajectories`` store them as JSONL (one record per line, with
@@ -37,7 +42,7 @@ import asyncio
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +50,7 @@ import gymnasium as gym
 
 from rl_llm.agents.aio import run_sync
 from rl_llm.agents.batching import BatchScheduler, BatchStats
+from rl_llm.agents.http_client import ContextLengthExceeded
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy
 from rl_llm.agents.policy import Completion
 from rl_llm.types import Message, TokenRole, Trajectory, Turn
@@ -57,6 +63,25 @@ class EpisodeJob:
     seed: int | None
     group_index: int = 0
     options: dict[str, Any] | None = None
+    resume: PausedEpisode | None = None  # continue this paused episode instead of resetting an env
+
+
+@dataclass(frozen=True)
+class PausedEpisode:
+    """An episode stopped between two turns (partial rollouts): its env is open and owned by this record
+    until a run resumes it or ``close()`` releases it."""
+
+    job: EpisodeJob
+    env: gym.Env
+    recorder: _Recorder
+    stop: tuple[str, ...]
+
+    @property
+    def trajectory(self) -> Trajectory:
+        return self.recorder.trajectory
+
+    def close(self) -> None:
+        self.env.close()
 
 
 @dataclass
@@ -134,13 +159,29 @@ class RolloutEngine:
         self.max_context_tokens = max_context_tokens or _context_limit(policy)
         self.stats = RolloutStats()
 
-    def run(self, jobs: Sequence[EpisodeJob], on_trajectory: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
-        return run_sync(self.arun(jobs, on_trajectory))
+    def run(
+        self,
+        jobs: Sequence[EpisodeJob],
+        on_trajectory: Callable[[Trajectory], None] | None = None,
+        until: Callable[[list[Trajectory]], bool] | None = None,
+    ) -> list[Any]:
+        """One result per job, in order: a ``Trajectory``, or (only with ``until``) a ``PausedEpisode``.
+
+        ``until(finished_so_far)`` is checked as each episode ends; once it holds, the episodes still running
+        stop before their next generation request and come back paused (partial rollouts).
+        """
+        return run_sync(self.arun(jobs, on_trajectory, until))
 
     async def arun(
-        self, jobs: Sequence[EpisodeJob], on_trajectory: Callable[[Trajectory], None] | None = None
-    ) -> list[Trajectory]:
+        self,
+        jobs: Sequence[EpisodeJob],
+        on_trajectory: Callable[[Trajectory], None] | None = None,
+        until: Callable[[list[Trajectory]], bool] | None = None,
+    ) -> list[Any]:
         self._on_trajectory = on_trajectory
+        self._until = until
+        self._finished: list[Trajectory] = []
+        self._pausing = False
         self._slots = asyncio.Semaphore(self.concurrency)
         self._idle_envs: list[gym.Env] = []
         self._all_envs: list[gym.Env] = []
@@ -169,13 +210,17 @@ class RolloutEngine:
                 await asyncio.gather(scheduler_task, return_exceptions=True)
             await self._close_envs()
             self._env_pool.shutdown(wait=False)
-        self.stats.policy_tokens += sum(t.num_policy_tokens for t in trajectories)
+        self.stats.policy_tokens += sum(t.num_policy_tokens for t in trajectories if isinstance(t, Trajectory))
         return list(trajectories)
 
     # -- one episode ------------------------------------------------------------------------------------
-    async def _episode(self, job: EpisodeJob) -> Trajectory:
+    async def _episode(self, job: EpisodeJob) -> Trajectory | PausedEpisode:
         async with self._slots:
-            env = self._idle_envs.pop() if self._idle_envs else await self._new_env()
+            if job.resume is not None:
+                env = job.resume.env
+                self._all_envs.append(env)
+            else:
+                env = self._idle_envs.pop() if self._idle_envs else await self._new_env()
             self._live += 1
             healthy = False
             try:
@@ -184,26 +229,39 @@ class RolloutEngine:
                 self._live -= 1
                 if self._scheduler is not None:
                     self._scheduler.notify()
-                if healthy:
+                if isinstance(trajectory, PausedEpisode):
+                    self._all_envs.remove(env)  # the paused episode owns it now: not closed with this run
+                elif healthy:
                     self._idle_envs.append(env)
+        if isinstance(trajectory, PausedEpisode):
+            return trajectory
         if self._on_trajectory is not None:
             self._on_trajectory(trajectory)
+        self._finished.append(trajectory)
+        if self._until is not None and not self._pausing and self._until(self._finished):
+            self._pausing = True
         return trajectory
 
-    async def _play(self, env: gym.Env, job: EpisodeJob) -> tuple[Trajectory, bool]:
-        """Play one episode; the flag says whether the env is fit for reuse (no exception escaped it)."""
+    async def _play(self, env: gym.Env, job: EpisodeJob) -> tuple[Trajectory | PausedEpisode, bool]:
+        """Play (or resume) one episode; the flag says whether the env is fit for reuse (no exception escaped
+        it). With partial rollouts the result may be a ``PausedEpisode``, taken between two turns."""
         policy = self.policy
-        record = _Recorder(Trajectory(
-            env_id=self.env_id or _env_id(env), task_id="", seed=job.seed, group_index=job.group_index,
-            policy_version=policy.policy_version, temperature=policy.logprob_temperature,
-        ), tokenized=policy.tokenizer is not None)  # fmt: skip
-        try:
-            observation, info = await self._in_env_thread(env.reset, seed=job.seed, options=job.options)
-        except Exception as error:
-            return record.fail(f"env.reset failed: {type(error).__name__}: {error}"), False
-        record.start(info, observation, job, policy)
-        stop = tuple(info.get("stop", ()))
+        if job.resume is not None:
+            record, stop = job.resume.recorder, job.resume.stop
+        else:
+            record = _Recorder(Trajectory(
+                env_id=self.env_id or _env_id(env), task_id="", seed=job.seed, group_index=job.group_index,
+                policy_version=policy.policy_version, temperature=policy.logprob_temperature,
+            ), tokenized=policy.tokenizer is not None)  # fmt: skip
+            try:
+                observation, info = await self._in_env_thread(env.reset, seed=job.seed, options=job.options)
+            except Exception as error:
+                return record.fail(f"env.reset failed: {type(error).__name__}: {error}"), False
+            record.start(info, observation, job, policy)
+            stop = tuple(info.get("stop", ()))
         while True:
+            if self._pausing:
+                return PausedEpisode(replace(job, resume=None), env, record, stop), True
             budget = min(self.max_new_tokens, self.max_context_tokens - len(record.trajectory.token_ids))
             if record.tokenized and budget < 1:
                 return record.end("context_limit"), True
@@ -212,10 +270,15 @@ class RolloutEngine:
                 prompt_ids=list(record.trajectory.token_ids) if record.tokenized else None,
                 stop=stop,
                 max_new_tokens=budget,
+                # Names the draw, so seeded backends sample it the same whatever the batch (agents/hf.py).
+                metadata={"seed": job.seed, "group_index": job.group_index, "turn": len(record.trajectory.turns)},
             )
             try:
                 completion = await self._generate(request)
-                record.add_completion(completion, policy.policy_version)
+                version = completion.policy_version
+                record.add_completion(completion, policy.policy_version if version is None else version)
+            except ContextLengthExceeded:  # a chat-only server counted the tokens for us: the episode is full
+                return record.end("context_limit"), True
             except Exception as error:
                 return record.fail(f"generation failed: {type(error).__name__}: {error}"), True
             try:

@@ -1,18 +1,23 @@
-"""A tiny random-initialised chat model built locally, so tests and the default job need no download.
+"""A tiny random-initialised chat model built locally from a pinned recipe, so tests and the default job need no download.
 
 ``tiny_model(path=None) -> Path`` writes a Hugging Face model directory (``Qwen2ForCausalLM`` or
-``LlamaForCausalLM``) with a byte-level BPE tokenizer (Qwen2's normaliser and pre-tokenizer) trained here
-with the ``tokenizers`` library on the text the registered rl-llm environments produce (system prompts,
-observations and baseline actions), and a ChatML chat template (``<|im_start|>role\\n...<|im_end|>\\n``). ``<|im_end|>`` is the eos token,
-``<|endoftext|>`` the pad token. The directory loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and
-its config is a plain Qwen2/Llama config that vLLM accepts (head dimension 32).
+``LlamaForCausalLM``) with a byte-level BPE tokenizer (Qwen2's normaliser and pre-tokenizer) and a ChatML chat
+template (``<|im_start|>role\\n...<|im_end|>\\n``). ``<|im_end|>`` is the eos token, ``<|endoftext|>`` the pad
+token. The directory loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` and its config is a plain
+Qwen2/Llama config that vLLM accepts (head dimension 32).
 
-Building is idempotent: a directory that already holds a model built with the same settings, and with a
-tokenizer trained on the same registered environments, is reused; after an environment is added or removed
-it is rebuilt, so a cache never keeps a tokenizer that a fresh build would no longer produce.
-``default_tiny_model_path()`` is the shared cache (``$RL_LLM_CACHE`` or ``~/.cache/rl-llm``, then
-``tiny-qwen2``); the trainer and the tests reuse it. Concurrent builders are safe: each builds in a
-private temporary directory and the first to rename it into place wins.
+The recipe is versioned (``RECIPE_VERSION``): the tokenizer is trained on a corpus shipped in the package
+(``data/tiny_corpus_v<RECIPE_VERSION>.jsonl``: system prompts, observations and baseline actions of the
+environments as they were when the version was cut), and the initial weights are drawn parameter by parameter
+(in name order) from a seeded ``torch.Generator``, not by the model classes' own initialisers. So the model
+depends only on the recipe version and the ``TinyModelSpec`` settings: registering an environment, a missing
+optional dependency or a new transformers init scheme does not change it. A change to any of that is a new
+recipe version (a new corpus file), and the trainer records the version in its ``summary.json``.
+
+Building is idempotent: a directory that already holds a model built with the same settings and recipe is
+reused, otherwise rebuilt. ``default_tiny_model_path()`` is the shared cache (``$RL_LLM_CACHE`` or
+``~/.cache/rl-llm``, then ``tiny-qwen2-r<RECIPE_VERSION>``); the trainer and the tests reuse it. Concurrent
+builders are safe: each builds in a private temporary directory and the first to rename it into place wins.
 """
 
 from __future__ import annotations
@@ -31,8 +36,11 @@ from rl_llm.paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
-# Bump when the build recipe changes, so cached models built by an older recipe are rebuilt.
-BUILD_VERSION = 3
+# The tiny model recipe: bump it (and ship data/tiny_corpus_v<N>.jsonl) whenever the corpus, the tokenizer
+# training or the weight initialisation changes; cached models of another version are never reused.
+RECIPE_VERSION = 1
+CORPUS_FILE = Path(__file__).parent / "data" / f"tiny_corpus_v{RECIPE_VERSION}.jsonl"
+INIT_STD = 0.02  # Qwen2's initializer_range: normal(0, 0.02) matrices and embeddings, zero biases, unit norms
 MARKER_FILE = "rl_llm_tiny_model.json"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
@@ -44,12 +52,6 @@ CHAT_TEMPLATE = (
 # Qwen2's pre-tokenizer split (as in transformers' Qwen2Tokenizer).
 QWEN2_PRETOKENIZE_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# Text every chat-formatted corpus needs beyond what the environments say.
-EXTRA_CORPUS = (
-    "Incorrect. Please think again.",
-    "Your answer is incorrect. Try an alternative.",
-    "<answer>42</answer> <think>Let me think step by step.</think>",
 )
 
 
@@ -66,12 +68,12 @@ class TinyModelSpec:
     num_kv_heads: int = 2
     max_position_embeddings: int = 8192
     seed: int = 0
-    build_version: int = BUILD_VERSION
+    recipe_version: int = RECIPE_VERSION
 
 
 def default_tiny_model_path(architecture: str = "qwen2") -> Path:
-    """Where ``tiny_model()`` builds by default: ``<cache>/tiny-<architecture>``."""
-    return cache_dir() / f"tiny-{architecture}"
+    """Where ``tiny_model()`` builds by default: ``<cache>/tiny-<architecture>-r<RECIPE_VERSION>``."""
+    return cache_dir() / f"tiny-{architecture}-r{RECIPE_VERSION}"
 
 
 def resolve_model(model: str | Path) -> str | Path:
@@ -85,6 +87,8 @@ def tiny_model(path: str | Path | None = None, **settings: int | str) -> Path:
     ``settings`` override fields of ``TinyModelSpec`` (``architecture="llama"``, ``hidden_size=256``, ...).
     """
     spec = TinyModelSpec(**settings)  # type: ignore[arg-type]
+    if spec.recipe_version != RECIPE_VERSION:
+        raise ValueError(f"this rl-llm builds tiny model recipe {RECIPE_VERSION}, not {spec.recipe_version}")
     if spec.architecture not in ("qwen2", "llama"):
         raise ValueError(f"architecture must be 'qwen2' or 'llama', got {spec.architecture!r}")
     if spec.hidden_size % spec.num_heads or spec.num_heads % spec.num_kv_heads:
@@ -107,10 +111,17 @@ def tiny_model(path: str | Path | None = None, **settings: int | str) -> Path:
 
 
 def _marker(spec: TinyModelSpec) -> dict[str, Any]:
-    """What a built directory records: its settings and the environments whose text trained its tokenizer."""
-    from rl_llm.envs.registration import env_ids
+    """What a built directory records: its settings, recipe version included."""
+    return asdict(spec)
 
-    return {**asdict(spec), "corpus_envs": env_ids()}
+
+def recipe_of(path: str | Path) -> dict[str, Any] | None:
+    """The recipe a model directory was built from (``TinyModelSpec`` fields), or None if it is no tiny model."""
+    try:
+        record = json.loads((Path(path) / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _is_built(path: Path, spec: TinyModelSpec) -> bool:
@@ -135,7 +146,6 @@ def _move_into_place(staging: Path, target: Path, spec: TinyModelSpec) -> None:
 
 
 def _build(directory: Path, spec: TinyModelSpec) -> None:
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = build_tokenizer(spec.vocab_size)
@@ -155,11 +165,11 @@ def _build(directory: Path, spec: TinyModelSpec) -> None:
         pad_token_id=pad,
         dtype="float32",
     )
-    torch.manual_seed(spec.seed)
     if spec.architecture == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common, max_window_layers=spec.num_layers))
     else:
         model = LlamaForCausalLM(LlamaConfig(**common))
+    _initialise(model, spec.seed)
     model.generation_config.eos_token_id = [eos, pad]
     model.generation_config.pad_token_id = pad
     model.generation_config.bos_token_id = None
@@ -203,58 +213,32 @@ def build_tokenizer(vocab_size: int):  # -> PreTrainedTokenizerFast
     return tokenizer
 
 
-def environment_corpus(episodes_per_agent: int = 3, chars_per_env: int = 40_000) -> Iterator[str]:
-    """System prompts, observations and actions of every registered env, played by its baselines.
+def environment_corpus() -> Iterator[str]:
+    """The recipe's pinned tokenizer corpus: one text per line of the shipped JSONL file."""
+    with CORPUS_FILE.open(encoding="utf-8") as lines:
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
 
-    Each env contributes at most ``chars_per_env`` characters, so long-horizon envs do not crowd out the
-    others' vocabulary. Envs without a baseline are stepped with a few generic actions. An env that cannot
-    be built here (a missing optional dependency) is skipped with a log line: the tokenizer still covers
-    every byte.
+
+def _initialise(model: Any, seed: int) -> None:
+    """Draw every parameter from one seeded generator, in name order (tied weights once).
+
+    The model classes' own initialisers change between transformers versions; this does not.
     """
-    import gymnasium as gym
+    import torch
 
-    import rl_llm  # noqa: F401  (registers the environments)
-    from rl_llm.agents.baselines import baselines_for, make_baseline
-    from rl_llm.agents.evaluate import run_episodes
-    from rl_llm.envs.registration import env_ids
-
-    yield from EXTRA_CORPUS
-    for env_id in env_ids():
-        texts: list[str] = []
-        try:
-            names = baselines_for(env_id)
-            for name in names:
-                records = run_episodes(
-                    lambda env_id=env_id: gym.make(env_id),
-                    make_baseline(name, env_id, seed=0),
-                    episodes=episodes_per_agent,
-                    keep_transcripts=True,
-                )
-                texts += (record.transcript or "" for record in records)
-            if not names:
-                texts += _generic_episode_text(gym.make(env_id))
-        except Exception as error:  # corpus gathering must not fail on one env's optional needs
-            logger.warning("tiny model corpus: skipping %s (%s: %s)", env_id, type(error).__name__, error)
-        budget = chars_per_env
-        for text in texts:
-            yield text[:budget]
-            budget -= len(text)
-            if budget <= 0:
-                break
-
-
-def _generic_episode_text(env) -> Iterator[str]:  # env: gym.Env
-    actions = ("<answer>42</answer>", "<think>I should look first.</think>", "I am not sure.")
-    try:
-        observation, info = env.reset(seed=0)
-        yield info.get("system_prompt", "")
-        yield observation
-        for turn in range(min(8, getattr(env.unwrapped, "max_turns", 8))):
-            action = actions[turn % len(actions)]
-            observation, _, terminated, truncated, _ = env.step(action)
-            yield action
-            yield observation
-            if terminated or truncated:
-                break
-    finally:
-        env.close()
+    generator = torch.Generator().manual_seed(seed)
+    seen: set[int] = set()
+    with torch.no_grad():
+        for name, parameter in sorted(model.named_parameters(), key=lambda item: item[0]):
+            if id(parameter) in seen:
+                continue
+            seen.add(id(parameter))
+            if name.endswith("norm.weight"):
+                parameter.fill_(1.0)
+            elif name.endswith(".bias"):
+                parameter.zero_()
+            else:
+                values = torch.randn(parameter.shape, generator=generator, dtype=torch.float32) * INIT_STD
+                parameter.copy_(values)

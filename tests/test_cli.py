@@ -11,12 +11,15 @@ import pytest
 
 from rl_llm.envs.registration import env_ids
 
+# Long enough that an 80-column hard wrap would split any message that holds it.
+LONG = "a-directory-name-long-enough-that-any-80-column-wrap-would-split-the-path-in-two"
 
-def rl_llm(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rl_llm.cli", *args], input=stdin, capture_output=True, text=True, timeout=300,
-        env={"COLUMNS": "250", "PATH": "/usr/bin:/bin"},
-    )
+
+def rl_llm(*args: str, stdin: str | None = None, columns: int | None = 250) -> subprocess.CompletedProcess[str]:
+    """The CLI through a pipe. Tables size to COLUMNS; `columns=None` leaves rich's 80-column default."""
+    env = {"PATH": "/usr/bin:/bin", **({"COLUMNS": str(columns)} if columns else {})}
+    return subprocess.run([sys.executable, "-m", "rl_llm.cli", *args], input=stdin, capture_output=True, text=True,
+                          timeout=300, env=env)  # fmt: skip
 
 
 def test_list_shows_every_registered_environment() -> None:
@@ -74,3 +77,41 @@ def test_play_lets_a_person_finish_a_game_typing_bare_cells() -> None:
     assert result.returncode == 0, result.stderr
     assert "Episode over (terminated)" in result.stdout
     assert "You won!" not in result.stdout  # minimax cannot be beaten
+    # The header names the env in bold (in a terminal), never as literal markup.
+    assert result.stdout.startswith("rl-llm/TicTacToe-v0  task ") and "[bold]" not in result.stdout
+
+
+def test_messages_with_long_paths_are_never_wrapped_in_a_pipe(tmp_path: Path) -> None:
+    out = tmp_path / LONG / "ucb.jsonl"
+    result = rl_llm("eval", "MultiArmedBandit", "--agent", "ucb", "--episodes", "2", "--out", str(out),
+                    "-k", "horizon=5", columns=None)
+    assert result.returncode == 0, result.stderr
+    assert any(line.startswith(f"episodes written to {out}") for line in result.stdout.splitlines()), result.stdout
+    missing = tmp_path / LONG / "no-such-config.yaml"
+    result = rl_llm("train", str(missing), columns=None)
+    assert result.returncode != 0
+    assert any(str(missing) in line for line in result.stdout.splitlines()), result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_people_console_keeps_messages_whole_and_tables_uncut_outside_a_terminal(monkeypatch) -> None:
+    import io
+
+    from rich.table import Table
+
+    from rl_llm.console import make_console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    out = io.StringIO()
+    console = make_console(file=out)
+    message = "error: " + " ".join(f"/some/long/path/part{i}" for i in range(20))
+    console.print(f"[red]{message}[/red]")
+    table = Table(title="results")
+    table.add_column("agent")
+    table.add_column("return")
+    table.add_row("vllm:http://127.0.0.1:8000#Qwen/Qwen2.5-0.5B-Instruct", "1.000 ± 0.000")
+    console.print(table)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == message  # one line, no markup left
+    assert any("vllm:http://127.0.0.1:8000#Qwen/Qwen2.5-0.5B-Instruct" in line for line in lines)
+    assert "…" not in out.getvalue()

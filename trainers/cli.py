@@ -9,12 +9,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rich.console import Console
+from rich.markup import escape
 
+from rl_llm.console import make_console
 from rl_llm.trainers.config import ConfigError, TrainConfig, load_config
 from rl_llm.trainers.default_job import DEFAULT_JOB, describe_default_job
 
-console = Console()
+console = make_console()  # messages never hard-wrap in pipes and logs
 
 
 def run_training(config: TrainConfig, run_dir: str | Path) -> dict:
@@ -22,6 +23,10 @@ def run_training(config: TrainConfig, run_dir: str | Path) -> dict:
         from rl_llm.trainers.ppo import train_ppo
 
         return train_ppo(config, run_dir)
+    if config.rollout.max_staleness is not None:
+        from rl_llm.trainers.async_grpo import train_async_grpo
+
+        return train_async_grpo(config, run_dir)
     from rl_llm.trainers.grpo import train_grpo
 
     return train_grpo(config, run_dir)
@@ -34,7 +39,7 @@ def train_main(config_path: str | None, overrides: list[str], out: str | None = 
     try:
         config = load_config(config_path, overrides, base=None if config_path else DEFAULT_JOB)
     except ConfigError as error:
-        console.print(f"[red]error:[/red] {error}", highlight=False)
+        console.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
         return 2
     run_dir = Path(out or config.out_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
     if config_path is None:
@@ -43,7 +48,7 @@ def train_main(config_path: str | None, overrides: list[str], out: str | None = 
     try:
         summary = run_training(config, run_dir)
     except (FileNotFoundError, ImportError) as error:  # a missing local model, or vLLM not installed
-        console.print(f"[red]error:[/red] {error}", highlight=False)
+        console.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
         return 2
     console.print(
         f"mean return on {config.eval.episodes} held-out seeds: {summary['return_before']:.3f} before, "

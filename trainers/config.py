@@ -56,11 +56,20 @@ class ModelConfig:
 
 @dataclass
 class VllmConfig:
-    mode: str = "colocate"  # colocate: in-process engine, load_weights + sleep/wake; server: NCCL to a vLLM server
-    gpu_memory_utilization: float = 0.3
+    # colocate: in-process engine, load_weights + sleep/wake; server: a vLLM server process, weights pushed over a
+    # torch process group (NCCL between GPUs, else gloo on CPU tensors; rl_llm/trainers/server_sync.py)
+    mode: str = "colocate"
+    gpu_memory_utilization: float = 0.3  # of the GPU the engine shares with the trainer (of host RAM on CPU)
     sleep: bool = True  # put the engine to sleep during updates to free the GPU memory it holds
-    server_url: str = "http://127.0.0.1:8000"
-    server_group_port: int = 51216
+    # server mode: null starts a server of model.path on a free local port (stopped with the run); a URL uses a
+    # running one, started with VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls
+    # rl_llm.trainers.server_sync.WeightReceiver
+    server_url: str | None = None
+    server_group_port: int = 0  # the weight group's rendezvous port on the trainer's machine; 0: a free one
+    # CUDA_VISIBLE_DEVICES of a started server; null: a GPU of its own when there are two or more (the last one
+    # the trainer does not use), else it shares the trainer's with gpu_memory_utilization
+    server_gpus: str | None = None
+    server_args: list[str] = field(default_factory=list)  # more flags for a started server
     max_model_len: int | None = None
 
 
@@ -75,6 +84,13 @@ class RolloutConfig:
     concurrency: int = 64  # environments stepped at once by the rollout engine
     # PODS: keep this many rollouts per group (max-variance down-sampling); None keeps all.
     pods_keep: int | None = None
+    # Asynchronous training (trainers/async_grpo.py): generation runs at most this many policy versions ahead
+    # of the update. None: the synchronous loop; 0: asynchronous machinery, synchronous schedule (same metrics).
+    max_staleness: int | None = None
+    # APRIL partial rollouts (asynchronous mode only): start `partial_extra_groups` more groups than a step
+    # needs; once `prompts_per_step` groups have finished, the rest pause and resume in the next step.
+    partial_rollouts: bool = False
+    partial_extra_groups: int = 2
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
 
@@ -94,6 +110,9 @@ class OptimConfig:
 @dataclass
 class LossConfig:
     clip_low: float = 0.2
+    # Clip-higher (DAPO): the upper bound of the PPO ratio. It only acts when a batch gets several optimizer steps
+    # (optim.minibatches or optim.epochs > 1): with one step the ratio is exactly 1 and no bound binds, so a
+    # run with one step per batch and clip_high != clip_low logs a warning saying it is inert.
     clip_high: float = 0.28
     kl_coef: float = 0.0  # k3 KL to the frozen initial policy, as a loss term
     entropy_coef: float = 0.0
@@ -103,6 +122,9 @@ class LossConfig:
     # seq_sum_constant divisor (the generation budget); None = rollout.max_new_tokens. For multi-turn
     # episodes set it to the whole episode's budget.
     norm_constant: float | None = None
+    # Truncated importance sampling of the generator/trainer mismatch (TIS): each policy token's loss is weighted
+    # by min(exp(trainer old log-prob - generator log-prob), tis_cap). None: off. verl and SkyRL use about 2.
+    tis_cap: float | None = None
 
 
 @dataclass
@@ -141,7 +163,21 @@ class LogConfig:
     keep_checkpoints: int = 2
     tensorboard: bool = True
     progress: bool = True  # rich live display (off when stdout is not a terminal)
+    samples: int = 2  # episodes per step kept in samples.jsonl (best and worst return) for `rl-llm view`
     plot: bool = True
+
+
+@dataclass
+class SFTConfig:
+    # Warm start (trainers/sft.py): before RL, fine-tune on `episodes` episodes played by the env's baseline
+    # `baseline` (e.g. tic-tac-toe's minimax) on seeds seed.. (disjoint from training and eval seeds). 0: off.
+    episodes: int = 0
+    epochs: int = 1
+    lr: float = 1e-3
+    batch_size: int = 32  # episodes per optimizer step
+    baseline: str = "minimax"
+    seed: int = 1_000_000
+    held_out_episodes: int = 64  # more expert episodes, not trained on: the NLL before/after in warm_start.json
 
 
 @dataclass
@@ -159,6 +195,7 @@ class TrainConfig:
     otc: OTCConfig = field(default_factory=OTCConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
 
     def validate(self) -> TrainConfig:
         if self.loss.aggregation is None:
@@ -189,10 +226,30 @@ class TrainConfig:
             raise ConfigError("optim.minibatches cannot exceed the batch size (group_size * prompts_per_step)")
         if not (0 <= self.loss.clip_low < 1 and self.loss.clip_high >= 0):
             raise ConfigError("loss.clip_low must be in [0, 1) and loss.clip_high >= 0")
+        if self.loss.tis_cap is not None and self.loss.tis_cap < 1:
+            raise ConfigError(f"loss.tis_cap must be null (off) or >= 1, got {self.loss.tis_cap}")
         if self.rollout.pods_keep is not None and not 1 <= self.rollout.pods_keep <= self.rollout.group_size:
             raise ConfigError(f"rollout.pods_keep must be in 1..group_size ({self.rollout.group_size})")
         if self.env.action_template is not None and self.env.action_template.count("{}") != 1:
             raise ConfigError("env.action_template must contain exactly one '{}' (where the generated text goes)")
+        if self.rollout.max_staleness is not None and self.rollout.max_staleness < 0:
+            raise ConfigError(f"rollout.max_staleness must be null or >= 0, got {self.rollout.max_staleness}")
+        if self.rollout.partial_rollouts and self.rollout.max_staleness is None:
+            raise ConfigError("rollout.partial_rollouts needs the asynchronous loop: set rollout.max_staleness")
+        if self.rollout.partial_extra_groups < 0:
+            raise ConfigError("rollout.partial_extra_groups must be >= 0")
+        if self.rollout.max_staleness is not None and self.algorithm == "ppo":
+            raise ConfigError("rollout.max_staleness: the asynchronous loop is GRPO-family only (no critic)")
+        if self.optim.epochs * self.optim.minibatches == 1 and self.loss.clip_high != self.loss.clip_low:
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "loss.clip_high=%s is inert: with one optimizer step per batch the PPO ratio is 1 (set "
+                "optim.minibatches or optim.epochs above 1 for clip-higher to act)", self.loss.clip_high)
+        if self.sft.episodes < 0 or self.sft.held_out_episodes < 0:
+            raise ConfigError("sft.episodes and sft.held_out_episodes must be >= 0 (0 episodes: no warm start)")
+        if self.sft.episodes and (self.sft.epochs < 1 or self.sft.batch_size < 1 or self.sft.lr <= 0):
+            raise ConfigError("sft.epochs and sft.batch_size must be >= 1 and sft.lr positive")
         if self.algorithm in ("grpo", "drgrpo", "rloo") and self.rollout.group_size < 2:
             raise ConfigError(f"{self.algorithm} needs rollout.group_size >= 2 (a group baseline)")
         return self

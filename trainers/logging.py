@@ -26,9 +26,11 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from rl_llm.console import make_console
 from rl_llm.trainers.checkpoint import write_text_atomic
 
 METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"  # a few whole episodes per step, for `rl-llm view`
 CURVE_KEYS = ("reward/mean", "episode/invalid_action_frac", "env/regret", "loss/entropy", "loss/kl_ref",
               "loss/value_loss", "eval/return", "time/step_s")
 
@@ -68,6 +70,11 @@ class MetricsWriter:
         kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
         write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self.handle = self.path.open("a", encoding="utf-8")
+        self.samples_path = self.run_dir / SAMPLES_FILE
+        if self.samples_path.exists():  # cut back to the checkpoint like the metrics (those steps re-run)
+            kept_samples = [line for line in self.samples_path.read_text(encoding="utf-8").splitlines()
+                            if _sample_step(line) is not None and _sample_step(line) <= resume_step]  # fmt: skip
+            write_text_atomic(self.samples_path, "".join(line + "\n" for line in kept_samples))
         self.tensorboard = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -86,6 +93,19 @@ class MetricsWriter:
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                     self.tensorboard.add_scalar(name, value, step)
             self.tensorboard.flush()
+
+    def log_samples(self, step: int, trajectories: Sequence[Any], count: int) -> None:
+        """Append ``count`` of the step's episodes to samples.jsonl: the best and the worst return first, so
+        `rl-llm view` shows what the policy is pushed towards and away from."""
+        if count <= 0 or not trajectories:
+            return
+        ranked = sorted(trajectories, key=lambda t: t.total_reward)
+        picked = list(dict.fromkeys([id(ranked[-1]), id(ranked[0]), *(id(t) for t in trajectories)]))[:count]
+        by_id = {id(t): t for t in trajectories}
+        with self.samples_path.open("a", encoding="utf-8") as handle:
+            for key in picked:
+                record = json.loads(by_id[key].to_json())
+                handle.write(json.dumps({"step": step, **record}, ensure_ascii=False) + "\n")
 
     def close(self) -> None:
         self.handle.close()
@@ -136,12 +156,19 @@ def describe(metrics: dict[str, Any]) -> str:
     return "  ".join(f"{name} {fmt.format(value)}" for name, value, fmt in parts if isinstance(value, (int, float)))
 
 
+def _sample_step(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):  # a torn last line
+        return None
+
+
 class ProgressDisplay:
     """A rich progress bar with the latest step's figures; plain lines when stdout is not a terminal;
     nothing when disabled."""
 
     def __init__(self, total: int, start: int, enabled: bool = True, console: Console | None = None) -> None:
-        self.console = console or Console()
+        self.console = console or make_console()
         self.enabled = enabled
         self.live = enabled and self.console.is_terminal and sys.stdout.isatty()
         self.total = total

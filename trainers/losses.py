@@ -95,3 +95,22 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     logits = logits.float()
     probabilities = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probabilities * logits).sum(dim=-1)
+
+
+def truncated_importance_weights(
+    old_logprobs: torch.Tensor, generator_logprobs: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncated importance sampling (TIS) of the generator/trainer mismatch, per token, without gradient.
+
+    The tokens were sampled by the generator (vLLM's kernels, or older weights in asynchronous training: the
+    behaviour policy, ``generator_logprobs``), while the PPO ratio is taken against the trainer's log-probs of
+    the same weights (``old_logprobs``). Weighting each token's policy loss by
+    ``min(exp(old_logprobs - generator_logprobs), cap)`` corrects for the difference, truncated at ``cap`` to
+    bound the variance (as verl's ``rollout_is`` / TIS and SkyRL do). Returns ``(weights, truncated)``:
+    the detached weights and a 0/1 matrix of where the cap was active. Where the two agree the weight is
+    exactly 1.
+    """
+    log_ratio = (old_logprobs.detach() - generator_logprobs.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    truncated = ratio > cap
+    return ratio.clamp(max=cap), truncated.to(ratio.dtype)

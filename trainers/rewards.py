@@ -2,9 +2,13 @@
 
 - OTC (Optimal Tool Calls): scale a correct answer's reward by how close its number of tool calls ``m`` is to
   the optimum ``n``, estimated as the fewest calls among the group's correct trajectories (and the fewest
-  ever seen for that task). ``r' = alpha * r_tool(m, n) * r``, so wrong answers stay at 0. The
-  formulas are those of the env-level wrapper ``rl_llm.envs.wrappers.otc``; here ``n`` comes from the
-  whole group of the current batch, which a wrapper inside one episode cannot see.
+  ever seen for that task). The paper form ``r' = alpha * r_tool(m, n) * r`` multiplies the task reward,
+  which is >= 0 there (wrong answers stay at 0). Our envs also give negative rewards (penalties, a wrong
+  answer's cost), and scaling those by ``r_tool <= 1`` would make a wrong answer *cheaper* the more calls it
+  makes; so only the positive part is scaled: ``r' = alpha * r_tool * max(r, 0) + min(r, 0)``. Tool
+  efficiency can then only lower a reward, never raise one. The formulas are those of the env-level wrapper
+  ``rl_llm.envs.wrappers.otc``; here ``n`` comes from the whole group of the current batch, which a wrapper
+  inside one episode cannot see.
 - PODS: from ``n`` rollouts of a prompt keep the ``m`` whose rewards have the largest variance; the optimum
   is always the ``k`` highest plus the ``m - k`` lowest rewards for some ``k``, so scanning ``k`` suffices.
 """
@@ -49,7 +53,7 @@ class OTCTransform:
             members = [i for i, t in enumerate(task_ids) if t == task]
             if self.variant == "ppo":
                 for i in members:
-                    out[i] = self.alpha * otc_ppo_tool_reward(int(calls[i]), self.c) * out[i]
+                    out[i] = self._scale(out[i], otc_ppo_tool_reward(int(calls[i]), self.c))
                 continue
             for i in members:
                 verdict = correct[i]
@@ -58,8 +62,12 @@ class OTCTransform:
             if optimal is None:
                 continue
             for i in members:
-                out[i] = self.alpha * otc_grpo_tool_reward(int(calls[i]), optimal, self.c) * out[i]
+                out[i] = self._scale(out[i], otc_grpo_tool_reward(int(calls[i]), optimal, self.c))
         return out
+
+    def _scale(self, reward: float, tool_reward: float) -> float:
+        """The paper's ``alpha * r_tool * r`` on the positive part of the reward; penalties stay whole."""
+        return self.alpha * tool_reward * reward if reward > 0 else reward
 
     def state_dict(self) -> dict[str, int]:
         return self.tracker.state_dict()

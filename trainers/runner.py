@@ -8,6 +8,7 @@ checkpoint) and ``finish`` (final evaluation, summary, plots).
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -122,20 +123,33 @@ class TrainingRun:
         self.otc = OTCTransform(config.otc.variant, config.otc.alpha, config.otc.c) if config.otc.enabled else None
         self.step = 0
         self.next_seed = config.env.train_seed
+        self.pending_seeds: list[int] = []  # asynchronous runs: groups started below next_seed, not yet trained on
         self.dropped = 0
         if resume is not None:
             self._restore(resume)
         self.make_env = env_factory(config)
+        if resume is None and config.sft.episodes > 0:  # warm start: SFT on expert episodes (trainers/sft.py)
+            from rl_llm.trainers.sft import warm_start
+
+            warm_start(self)
+            if self.reference is not None:
+                self.reference = FrozenReference(self.model)  # the KL anchor is the warm-started policy
         self.generator = self._build_generator()
         try:  # the generator may be a server process: stop it if the run cannot start
             self.sync = make_weight_sync(
                 self.generator, config.rollout.backend, config.rollout.vllm.mode, config.rollout.vllm.sleep,
                 config.rollout.vllm.server_url, config.rollout.vllm.server_group_port, self.device,
             )  # fmt: skip
+            if config.rollout.max_staleness is not None and config.rollout.backend == "hf":
+                from rl_llm.trainers.snapshot_sync import SnapshotSync
+
+                self.sync = SnapshotSync(self.generator)
             if self.step > 0:
                 if config.rollout.backend == "vllm":
                     self.sync.push(self.model)  # the engine starts from the initial weights: give it the resumed ones
                 self.generator.mark_updated(self._resumed_version)
+            elif config.sft.episodes > 0 and config.rollout.backend == "vllm":
+                self.sync.push(self.model)  # the engine loaded the initial weights: give it the warm-started ones
         except BaseException:
             self.generator.close()
             raise
@@ -176,7 +190,11 @@ class TrainingRun:
 
             # Share the trainer's module (the LoRA-injected base model under peft): no copy, no sync traffic.
             module = self.model.get_base_model() if is_peft(self.model) else self.model
-            return HFPolicy(module, self.tokenizer, sampling=sampling, max_batch_size=config.rollout.concurrency)
+            if config.rollout.max_staleness is not None:
+                # Asynchronous training generates while the trainer updates: the generator needs its own copy.
+                module = copy.deepcopy(module).requires_grad_(False)
+            return HFPolicy(module, self.tokenizer, sampling=sampling, max_batch_size=config.rollout.concurrency,
+                            seed=config.seed)
         vllm = config.rollout.vllm
         if vllm.mode == "colocate":
             from rl_llm.agents.vllm_backend import VLLMPolicy
@@ -188,13 +206,10 @@ class TrainingRun:
                 gpu_memory_utilization=vllm.gpu_memory_utilization, enable_sleep_mode=vllm.sleep,
                 max_model_len=vllm.max_model_len, dtype=config.model.dtype,
             )  # fmt: skip
-        from rl_llm.agents.vllm_backend import VLLMServerPolicy
+        from rl_llm.trainers.server_sync import server_generator
 
-        os.environ.setdefault("VLLM_SERVER_DEV_MODE", "1")  # exposes /collective_rpc for the NCCL weight sync
-        return VLLMServerPolicy.launch(
-            self.model_path, server_args=["--worker-extension-cls", "rl_llm.trainers.sync.WeightReceiver"],
-            sampling=sampling, tokenizer=self.tokenizer,
-        )  # fmt: skip
+        # A vLLM server: the one at rollout.vllm.server_url, or one started here (placed off the trainer's GPU).
+        return server_generator(self.model_path, self.tokenizer, sampling, self.device, config, self.run_dir)
 
     # -- the steps of a loop ------------------------------------------------------------------------------
     def collect(self) -> list[Trajectory]:
@@ -229,12 +244,19 @@ class TrainingRun:
         return collate(usable, self.tokenizer.pad_token_id, scores).to(self.device)
 
     @property
+    def policy_version(self) -> int:
+        """The newest weights' version: the generator's, or the one published to it (asynchronous hf runs,
+        whose generator swaps the newest weights in lazily)."""
+        return getattr(self.sync, "published_version", self.generator.policy_version)
+
+    @property
     def reference_fn(self) -> Callable[..., torch.Tensor] | None:
         return None if self.reference is None else self.reference.logprobs
 
     def log_step(self, step: int, trajectories: Sequence[Trajectory], batch: TrainBatch, stats: dict[str, float],
-                 timer: StepTimer, progress: ProgressDisplay) -> None:
-        """Record the step, evaluate if due, checkpoint if due."""
+                 timer: StepTimer, progress: ProgressDisplay, extra: dict[str, float] | None = None) -> None:
+        """Record the step (``extra``: more named figures, e.g. the asynchronous loop's), evaluate if due,
+        checkpoint if due."""
         self.step = step
         metrics = rollout_metrics(trajectories, batch)
         metrics.update({f"loss/{name}": value for name, value in stats.items()})
@@ -242,12 +264,14 @@ class TrainingRun:
         metrics.update(timer.metrics())
         rollout_s = timer.seconds.get("rollout", 0.0)
         metrics["throughput/policy_tokens_per_s"] = metrics["episode/policy_tokens_total"] / rollout_s if rollout_s else 0.0
-        metrics["policy_version"] = self.generator.policy_version
+        metrics["policy_version"] = self.policy_version
+        metrics.update(extra or {})
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         every = self.config.eval.every
         if every and step % every == 0 and step < self.config.steps:
             metrics.update({f"eval/{k}": v for k, v in self.evaluate().means().items()})
         self.metrics.log(step, metrics)
+        self.metrics.log_samples(step, trajectories, self.config.log.samples)
         progress.update(step, metrics)
         if step % self.config.log.checkpoint_every == 0 or step == self.config.steps:
             self.save_checkpoint()
@@ -265,7 +289,8 @@ class TrainingRun:
             tensors["critic_optimizer"] = self.critic_optimizer.state_dict()
         state = {
             "next_seed": self.next_seed,
-            "policy_version": self.generator.policy_version,
+            "pending_seeds": list(self.pending_seeds),
+            "policy_version": self.policy_version,
             "otc_history": self.otc.state_dict() if self.otc else {},
         }
         return self.checkpointer.save(self.step, tensors, state)
@@ -283,6 +308,7 @@ class TrainingRun:
         restore_rng_state(tensors["rng"], self.shuffle)
         self.step = int(state["step"])
         self.next_seed = int(state["next_seed"])
+        self.pending_seeds = [int(seed) for seed in state.get("pending_seeds", [])]
         self._resumed_version = int(state["policy_version"])
         if self.otc is not None:
             self.otc.load_state_dict(state.get("otc_history", {}))
@@ -314,7 +340,12 @@ class TrainingRun:
         config = self.config
         after = self.evaluate()
         baselines = evaluate_baselines(config, config.eval.baselines)
-        rows = {"untrained policy": before, f"trained ({config.algorithm}, {self.step} steps)": after, **baselines}
+        from rl_llm.trainers.sft import untrained_result
+
+        untrained = untrained_result(self.run_dir)  # a warm-started run: `before` is the policy after SFT
+        rows = {"untrained policy": before} if untrained is None else {"untrained policy": untrained, "after SFT": before}
+        rows[f"trained ({config.algorithm}, {self.step} steps)"] = after
+        rows.update(baselines)
         print_comparison(f"{config.env.id}: {config.eval.episodes} held-out seeds from {config.eval.seed}", rows)
         records = read_metrics(self.metrics.path)
         if config.log.plot:
@@ -332,6 +363,8 @@ class TrainingRun:
             "after": after.means(),
             "baselines": {name: result.means() for name, result in baselines.items()},
             "model_path": str(self.model_path),
+            "model_recipe": _tiny_recipe(self.model_path),  # the tiny model's pinned recipe (None for others)
+            "untrained": None if untrained is None else untrained.means(),  # before the warm start, if any
             "resumed_from_step": self.resumed_from,
             "wall_time_s": time.perf_counter() - started,
             "run_dir": str(self.run_dir),
@@ -381,6 +414,12 @@ def rollout_metrics(trajectories: Sequence[Trajectory], batch: TrainBatch) -> di
     for name in names:
         metrics[f"env/{name}"] = float(np.mean([t.metrics.get(name, math.nan) for t in trajectories]))
     return metrics
+
+
+def _tiny_recipe(path: Path) -> dict[str, Any] | None:
+    from rl_llm.agents.tiny import recipe_of
+
+    return recipe_of(path)
 
 
 def _json(record: dict[str, Any]) -> str:

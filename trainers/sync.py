@@ -3,18 +3,18 @@
 - ``SharedModuleSync`` (hf backend): the generator runs on the trainer's own module, so there is nothing to
   copy; the policy version is bumped so new trajectories record which weights produced them.
 - ``InProcessSync`` (vLLM engine in the trainer's process, one GPU shared): the engine sleeps during the
-  update to free its memory, then wakes and takes the new weights through ``policy.load_weights``.
-- ``NcclServerSync`` (a separate ``vllm serve`` process): the trainer and the server's workers form an NCCL
-  group; each tensor is broadcast from the trainer while the server receives it through the worker
-  extension ``WeightReceiver`` (start the server with ``--worker-extension-cls
-  rl_llm.trainers.sync.WeightReceiver`` and ``VLLM_SERVER_DEV_MODE=1`` for its ``/collective_rpc`` route).
+  update to free its memory, then wakes in two stages as vLLM recommends for RL: its weights' memory first,
+  the new weights loaded (``policy.load_weights``, vLLM's in-place reload), then its KV cache. Where the
+  platform has no sleep mode (CPU) the engine stays awake and only the weights are loaded.
+- Server mode (a separate vLLM server process): ``rl_llm.trainers.server_sync``.
 
-LoRA: vLLM gets plain weights, so adapters are merged for the copy and unmerged afterwards.
+LoRA: vLLM gets plain weights. The adapters' product is added to each base weight out of place, in float32,
+and only the sum is cast to the weight's dtype: the trainer's modules are never written, so the frozen base
+cannot drift (merging into bf16 weights in place and unmerging again rounds twice per push).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,23 +27,49 @@ from rl_llm.trainers.modeling import is_peft
 
 @contextmanager
 def merged_weights(model: nn.Module) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
-    """``(name, tensor)`` in the base model's naming, with LoRA adapters merged in for the duration."""
+    """``(name, tensor)`` in the base model's naming, with LoRA adapters merged in (out of place)."""
     if not is_peft(model):
         yield ((name, tensor.detach()) for name, tensor in model.state_dict().items())
         return
-    model.merge_adapter()
-    try:
-        base = model.get_base_model()
+    base = model.get_base_model()
+    owners = {f"{name}.base_layer.weight": module for name, module in base.named_modules() if _is_lora_layer(module)}
 
-        def named() -> Iterator[tuple[str, torch.Tensor]]:
-            for name, tensor in base.state_dict().items():
-                if "lora_" in name:
-                    continue
-                yield name.replace(".base_layer.", "."), tensor.detach()
+    def named() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in base.state_dict().items():
+            if "lora_" in name:
+                continue
+            module = owners.get(name)
+            if module is not None:
+                tensor = (tensor.detach().float() + lora_delta(module)).to(tensor.dtype)
+            yield name.replace(".base_layer.", "."), tensor.detach()
 
-        yield named()
-    finally:
-        model.unmerge_adapter()
+    yield named()
+
+
+def _is_lora_layer(module: nn.Module) -> bool:
+    return hasattr(module, "base_layer") and hasattr(module, "lora_A") and hasattr(module, "scaling")
+
+
+@torch.no_grad()
+def lora_delta(module: nn.Module) -> torch.Tensor:
+    """The float32 update ``sum_adapters scaling * B @ A`` that a peft LoRA linear layer adds to its base weight."""
+    if getattr(module, "merged", False):
+        raise RuntimeError("merged_weights: the LoRA adapters are merged into the base weights already")
+    weight = module.base_layer.weight
+    delta = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+    for adapter in module.active_adapters:
+        if adapter not in module.lora_A:
+            if adapter in getattr(module, "lora_embedding_A", {}):
+                raise NotImplementedError("merged_weights: LoRA on embeddings is not supported (target linear layers)")
+            continue
+        if getattr(module, "use_dora", {}).get(adapter, False):
+            raise NotImplementedError("merged_weights: DoRA adapters are not supported")
+        a, b = module.lora_A[adapter].weight.float(), module.lora_B[adapter].weight.float()
+        if a.dim() != 2:
+            raise NotImplementedError(f"merged_weights: LoRA on {type(module.base_layer).__name__} is not supported")
+        product = (b @ a) * module.scaling[adapter]
+        delta += product.T if getattr(module, "fan_in_fan_out", False) else product
+    return delta
 
 
 class WeightSync:
@@ -73,11 +99,15 @@ class SharedModuleSync(WeightSync):
 
 
 class InProcessSync(WeightSync):
-    """For a generator holding its own copy of the weights in this process (vLLM ``LLM``)."""
+    """For a generator holding its own copy of the weights in this process (vLLM ``LLM``).
+
+    ``sleep``: free the engine's memory during updates; ignored (the engine stays awake) where the policy says
+    it cannot sleep (``policy.can_sleep`` false: vLLM on CPU).
+    """
 
     def __init__(self, policy: Any, sleep: bool = True) -> None:
         super().__init__(policy)
-        self.sleep = sleep
+        self.sleep = sleep and getattr(policy, "can_sleep", True)
         self._asleep = False
 
     def _wake(self) -> None:
@@ -95,81 +125,30 @@ class InProcessSync(WeightSync):
             self._asleep = True
 
     def push(self, model: nn.Module) -> int:
-        self._wake()
-        with merged_weights(model) as named:
-            self.policy.load_weights(named)
+        # The update's gradients are dead weight now (the next step zeroes them anyway): free them before the
+        # engine takes its memory back.
+        model.zero_grad(set_to_none=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if self._asleep:  # split wake-up: weights, load, then the KV cache (never both at the peak)
+            self.policy.wake_up(["weights"])
+            with merged_weights(model) as named:
+                self.policy.load_weights(named)
+            self.policy.wake_up(["kv_cache"])
+            self._asleep = False
+        else:
+            with merged_weights(model) as named:
+                self.policy.load_weights(named)
         return self.policy.policy_version
 
 
-class NcclServerSync(WeightSync):
-    """Broadcast weights over NCCL to a vLLM server whose workers carry ``WeightReceiver``."""
-
-    def __init__(self, policy: Any, server_url: str, group_port: int, device: torch.device, timeout_s: float = 600) -> None:
-        super().__init__(policy)
-        import httpx
-        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-        from vllm.distributed.utils import StatelessProcessGroup
-
-        self.client = httpx.Client(base_url=server_url.rstrip("/"), timeout=timeout_s)
-        world = int(self._rpc("server_world_size")[0])  # the route returns results other than lists as strings
-        host = httpx.URL(server_url).host
-        # The server's workers join as ranks 1..world; this process is rank 0 (the broadcast source).
-        joining = threading.Thread(target=self._rpc, args=("init_weight_receiver", host, group_port, 1, world + 1))
-        joining.start()
-        group = StatelessProcessGroup.create(host=host, port=group_port, rank=0, world_size=world + 1)
-        self.communicator = PyNcclCommunicator(group, device=device)
-        joining.join()
-        self.device = device
-
-    def _rpc(self, method: str, *args: Any) -> list[Any]:
-        response = self.client.post("/collective_rpc", json={"method": method, "args": list(args)})
-        response.raise_for_status()
-        return response.json().get("results", [])
-
-    def push(self, model: nn.Module) -> int:
-        with merged_weights(model) as named:
-            for name, tensor in named:
-                tensor = tensor.to(self.device).contiguous()
-                dtype = str(tensor.dtype).removeprefix("torch.")
-                receiving = threading.Thread(target=self._rpc, args=("receive_weight", name, dtype, list(tensor.shape)))
-                receiving.start()
-                self.communicator.broadcast(tensor, src=0, stream=torch.cuda.current_stream())
-                receiving.join()
-        self.client.post("/reset_prefix_cache").raise_for_status()
-        self.policy.mark_updated()
-        return self.policy.policy_version
-
-    def close(self) -> None:
-        self.client.close()
-
-
-class WeightReceiver:
-    """vLLM worker extension (runs inside the server's GPU workers, where ``self`` is the worker)."""
-
-    def server_world_size(self) -> int:
-        from vllm.distributed.parallel_state import get_world_group
-
-        return get_world_group().world_size
-
-    def init_weight_receiver(self, host: str, port: int, rank_offset: int, world_size: int) -> None:
-        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-        from vllm.distributed.parallel_state import get_world_group
-        from vllm.distributed.utils import StatelessProcessGroup
-
-        rank = get_world_group().rank + rank_offset
-        group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
-        self._weight_receiver = PyNcclCommunicator(group, device=self.device)
-
-    def receive_weight(self, name: str, dtype: str, shape: list[int]) -> None:
-        tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
-        self._weight_receiver.broadcast(tensor, src=0, stream=torch.cuda.current_stream())
-        self.model_runner.model.load_weights(weights=[(name, tensor)])
-
-
-def make_weight_sync(policy: Any, backend: str, vllm_mode: str, sleep: bool, server_url: str, group_port: int,
+def make_weight_sync(policy: Any, backend: str, vllm_mode: str, sleep: bool, server_url: str | None, group_port: int,
                      device: torch.device) -> WeightSync:
     if backend == "hf":
         return SharedModuleSync(policy)
     if vllm_mode == "colocate":
         return InProcessSync(policy, sleep=sleep)
-    return NcclServerSync(policy, server_url, group_port, device)
+    from rl_llm.trainers.server_sync import server_weight_sync
+
+    # The server the generator talks to (the one the run started, or `server_url`): `policy.base_url` is it.
+    return server_weight_sync(policy, device, group_port)

@@ -20,7 +20,13 @@ from torch import nn
 from rl_llm.trainers.advantages import masked_mean
 from rl_llm.trainers.batch import TrainBatch, micro_batches, minibatch_indices
 from rl_llm.trainers.config import TrainConfig
-from rl_llm.trainers.losses import aggregate, clipped_surrogate, k3_kl, value_loss
+from rl_llm.trainers.losses import (
+    aggregate,
+    clipped_surrogate,
+    k3_kl,
+    truncated_importance_weights,
+    value_loss,
+)
 from rl_llm.trainers.modeling import token_logprobs
 
 # (input_ids, attention_mask, temperature, positions) -> reference log-probs [N, T]
@@ -116,6 +122,11 @@ def policy_update(
             pg_tokens, clipped = clipped_surrogate(
                 logprobs, old, advantages[chunk, :width], loss_cfg.clip_low, loss_cfg.clip_high
             )
+            if loss_cfg.tis_cap is not None:  # generator/trainer mismatch: sub.old_logprobs are the generator's
+                tis, truncated = truncated_importance_weights(old, sub.old_logprobs, loss_cfg.tis_cap)
+                pg_tokens = pg_tokens * tis
+                stats.add("tis_weight_mean", masked_mean(tis, mask), float(mask.sum()))
+                stats.add("tis_truncated_frac", masked_mean(truncated, mask), float(mask.sum()))
             loss = aggregate(pg_tokens, mask, loss_cfg.aggregation, **counts)
             weight = float(mask.sum())
             if ref_all is not None:

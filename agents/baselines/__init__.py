@@ -16,6 +16,8 @@ from rl_llm.agents.baselines.bandits import (
     RandomContextualArm,
     ThompsonSampling,
 )
+from rl_llm.agents.baselines.math import MathOracle, RandomMath
+from rl_llm.agents.baselines.random_agents import BanditOracle, RandomSearch, RandomSQL, RandomTool
 from rl_llm.agents.baselines.search import SearchOracle, ToolCallsJsonOracle, ToolCallsOracle
 from rl_llm.agents.baselines.social import SOCIAL_BASELINES
 from rl_llm.agents.baselines.sql import OracleSQL, SchemaProbeSQL
@@ -30,13 +32,15 @@ BASELINES: dict[str, dict[str, Callable[..., Policy]]] = {
         "epsilon_greedy": EpsilonGreedy,
         "ucb": UCB1,
         "thompson": ThompsonSampling,
+        "oracle": BanditOracle,
     },
-    "rl-llm/ContextualBandit-v0": {"random": RandomContextualArm, "linucb": LinUCBAgent},
+    "rl-llm/ContextualBandit-v0": {"random": RandomContextualArm, "linucb": LinUCBAgent, "oracle": BanditOracle},
     "rl-llm/TicTacToe-v0": {"random": RandomMove, "minimax": Minimax},
-    "rl-llm/TextToSQL-v0": {"oracle": OracleSQL, "schema-probe": SchemaProbeSQL},
-    "rl-llm/Search-v0": {"oracle": SearchOracle},
-    "rl-llm/ToolCalls-v0": {"oracle": ToolCallsOracle, "oracle_json": ToolCallsJsonOracle},
+    "rl-llm/TextToSQL-v0": {"oracle": OracleSQL, "schema-probe": SchemaProbeSQL, "random": RandomSQL},
+    "rl-llm/Search-v0": {"oracle": SearchOracle, "random": RandomSearch},
+    "rl-llm/ToolCalls-v0": {"oracle": ToolCallsOracle, "oracle_json": ToolCallsJsonOracle, "random": RandomTool},
     "rl-llm/Terminal-v0": {"oracle": TerminalOracle, "do_nothing": DoNothing, "random": RandomCommands},
+    "rl-llm/Math-v0": {"oracle": MathOracle, "random": RandomMath},
     **SOCIAL_BASELINES,
 }
 

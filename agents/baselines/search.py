@@ -70,10 +70,6 @@ class SearchOracle(ScriptedOracle):
         answer = task.answers[0]
         if protocol.name == "research":
             answer = f"The final answer is \\[ \\boxed{{{answer}}} \\]"
-        if protocol.name == "r1_searcher":  # one think span across the searches, closed before the answer
-            searches = [f"{s_open} {query} {s_close}" for query in task.oracle_queries]
-            searches[0] = f"<think> I need to look this up. {searches[0]}"
-            return [*searches, f"I have the answer. </think>\n\n{a_open} {answer} {a_close}"]
         turns = [f"<think> I need to look up {query}. </think>\n{s_open} {query} {s_close}" for query in task.oracle_queries]
         return [*turns, f"<think> I have the answer. </think>\n{a_open} {answer} {a_close}"]
 

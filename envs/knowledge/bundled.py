@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rl_llm.envs.knowledge.generator import generate_kb
 from rl_llm.envs.knowledge.questions import ToolTask, search_questions, tool_tasks
+from rl_llm.envs.retrieval.bm25 import BM25Retriever
 from rl_llm.envs.retrieval.corpus import (
     Passage,
     QAExample,
@@ -24,7 +25,7 @@ from rl_llm.envs.retrieval.corpus import (
 )
 from rl_llm.paths import cache_dir as package_cache_dir
 
-KB_FORMAT = 2  # bump whenever generation changes, so that stale cached files are not read back
+KB_FORMAT = 3  # bump whenever generation changes, so that stale cached files are not read back
 SEARCH_QUESTIONS_PER_HOPS = {1: 150, 2: 150, 3: 150}
 TOOL_TASKS_PER_KIND = 30
 CORPUS_FILE, SEARCH_QA_FILE, TOOL_TASKS_FILE = "corpus.jsonl", "search_qa.jsonl", "tool_tasks.jsonl"
@@ -44,8 +45,11 @@ class Bundle:
 
 def write_bundle(directory: Path, seed: int) -> None:
     kb = generate_kb(seed)
-    write_jsonl(({"id": p.id, "title": p.title, "text": p.text} for p in kb.passages()), directory / CORPUS_FILE)
-    questions = search_questions(kb, SEARCH_QUESTIONS_PER_HOPS, seed=seed)
+    passages = kb.passages()
+    write_jsonl(({"id": p.id, "title": p.title, "text": p.text} for p in passages), directory / CORPUS_FILE)
+    # Multi-hop questions whose verbatim search shows a later hop's passage are redrawn ("k hops, k searches").
+    retriever = BM25Retriever(passages)
+    questions = search_questions(kb, SEARCH_QUESTIONS_PER_HOPS, seed=seed, retriever=retriever)
     write_jsonl((q.to_json() for q in questions), directory / SEARCH_QA_FILE)
     write_jsonl((t.to_json() for t in tool_tasks(kb, TOOL_TASKS_PER_KIND, seed=seed)), directory / TOOL_TASKS_FILE)
     (directory / "COMPLETE").write_text(f"seed={seed} format={KB_FORMAT}\n")

@@ -3,8 +3,9 @@
 A k-hop question names one entity and follows k-1 relations before asking a fact of the entity it reaches:
 "In what year was the company that Ilo Varn works for founded?" needs a search for Ilo Varn (whose passage
 names the company) and one for the company. A question is kept only if no search for an earlier entity of
-its chain can reveal a later link or the answer (no passage mentioning an earlier entity contains them), so
-the oracle's k searches are needed.
+its chain can reveal a later link or the answer (no passage mentioning an earlier entity contains them), and,
+when a retriever is given, only if searching the question text verbatim does not put the passage of a later hop
+in the top ``SHORTCUT_TOP_K`` (that search would skip hops), so the oracle's k searches are needed.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ RELATION_PHRASES = {
     "country": "the country that {x} is in",
     "capital": "the capital of {x}",
 }
+# Results a verbatim search of the question shows (Search-v0's default top_k): none may be a later hop's passage.
+SHORTCUT_TOP_K = 3
 _OUT_RELATIONS = {
     kind: [relation for relation, (source, _) in RELATIONS.items() if source == kind]
     for kind in ("person", "company", "city", "country")
@@ -86,8 +89,19 @@ def chain_is_sequential(mentions: _Mentions, chain: Sequence[Entity], answers: S
     return True
 
 
-def search_questions(kb: KnowledgeBase, per_hops: dict[int, int], seed: int = 0) -> list[QAExample]:
-    """``per_hops[k]`` distinct k-hop questions for each k (1..3), drawn with ``seed``."""
+def skips_hops(retriever: Any, question: str, oracle_queries: Sequence[str], k: int = SHORTCUT_TOP_K) -> bool:
+    """True when searching ``question`` verbatim shows the passage of a hop after the first (titled by its
+    entity's name, the oracle query of that hop) in the top ``k``: an agent would need fewer searches."""
+    shown = {hit.passage.title for hit in retriever.search_batch([question], k)[0]}
+    return bool(shown & set(oracle_queries[1:]))
+
+
+def search_questions(
+    kb: KnowledgeBase, per_hops: dict[int, int], seed: int = 0, retriever: Any = None
+) -> list[QAExample]:
+    """``per_hops[k]`` distinct k-hop questions for each k (1..3), drawn with ``seed``. With a ``retriever``
+    over the KB's passages (``search_batch``), multi-hop questions that a verbatim search shortcuts are
+    redrawn (see ``skips_hops``)."""
     rng = np.random.default_rng(seed)
     entities = list(kb.entities.values())
     mentions = _Mentions(kb)
@@ -100,12 +114,15 @@ def search_questions(kb: KnowledgeBase, per_hops: dict[int, int], seed: int = 0)
             if len(seen) == count:
                 break
             example = _draw_question(kb, rng, entities, hops, mentions)
-            if example is not None and example.question not in seen:
-                seen.add(example.question)
-                questions.append(
-                    QAExample(f"kb{kb.seed}-h{hops}-{len(seen) - 1}", example.question, example.answers,
-                              hops, example.oracle_queries, example.meta)
-                )  # fmt: skip
+            if example is None or example.question in seen:
+                continue
+            if hops > 1 and retriever is not None and skips_hops(retriever, example.question, example.oracle_queries):
+                continue
+            seen.add(example.question)
+            questions.append(
+                QAExample(f"kb{kb.seed}-h{hops}-{len(seen) - 1}", example.question, example.answers,
+                          hops, example.oracle_queries, example.meta)
+            )  # fmt: skip
     return questions
 
 

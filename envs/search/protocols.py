@@ -4,8 +4,15 @@
   format-aware table of Search-R1's ``qa_em_format`` (1 / 0.8 / 0.3 / 0.2 / 0.1 / 0).
 - ``r1_searcher``: ``<|begin_of_query|>q<|end_of_query|>``, passages in ``<|begin_of_documents|>``; rewards
   stage 1 (cover-EM +-1, +0.5 retrieval format, +0.5 think/answer format) and stage 2 (F1, -2 for any format
-  violation). R1-Searcher prefills ``<think>`` after "Assistant:"; a chat model cannot be prefilled, so one
-  leading ``<think>`` written by the policy is taken as that prefill.
+  violation). R1-Searcher prefills ``<think>`` after "Assistant:" and the policy writes one ``</think>``;
+  a chat model cannot be prefilled, so one leading ``<think>`` written by the policy is taken as that
+  prefill. In a multi-turn chat every assistant turn is its own message, so the think rule holds *per
+  turn* (each turn: an optional leading ``<think>``, no other ``<think>``, exactly one ``</think>``) and the
+  prompt says so; with ``turns=None`` the response is one turn, the paper's single-sequence rule.
+  Stage 1 credits the answer by cover-EM, faithfully: an answer that lists every candidate (e.g. all the
+  countries) covers the gold and scores as the oracle does. Its ``max_answer_words`` option adds stage 2's
+  answer-length rule (a longer answer is not credited; stage 2 uses ``MAX_ANSWER_WORDS``) for stage-1-only
+  training.
 - ``research``: ``<search>``, passages in ``<result>``, ``<answer>...\\boxed{x}...</answer>``; reward F1 of the
   boxed answer, 0.1 for a well-formed wrong one, 0 for a bad template or no answer.
 
@@ -86,7 +93,9 @@ PROTOCOLS = {
         "process, the Assistant can search for uncertain knowledge with the format "
         "\"<|begin_of_query|> search query (only keywords) here <|end_of_query|>\". A query must involve only a "
         "single triple. Then the system provides the Assistant with helpful information in the format "
-        "\"<|begin_of_documents|> ...search results... <|end_of_documents|>\". Start your reply with <think>.",
+        "\"<|begin_of_documents|> ...search results... <|end_of_documents|>\". This is a conversation: each "
+        "of your turns is one message. Start every turn with <think>, close it with </think> once, then write "
+        "either one search query or the final answer; after the documents arrive, think again in your next turn.",
     ),
     "research": SearchProtocol(
         "research", ("<search>", "</search>"), ("<result>", "</result>"),
@@ -199,20 +208,41 @@ def _r1_retrieval_counts(solution: str) -> list[int]:
         "<|begin_of_documents|>", "<|end_of_documents|>", "<|begin_of_documents|>\n(1)")]  # fmt: skip
 
 
-def r1_searcher_stage1(response: str, answer: str | None, golds: Sequence[str]) -> float:
-    """Stage 1: +1/-1 cover-EM answer, +0.5 balanced retrieval tags with >= 1 retrieval, +0.5 think/answer format."""
+# Stage 2's answer-length limit (words), optional in stage 1.
+MAX_ANSWER_WORDS = 10
+
+
+def _thinks_per_turn(turns: Sequence[str]) -> bool:
+    """R1-Searcher's think counts (0 ``<think>`` past the prefill, one ``</think>``) in every turn."""
+    return all(
+        (body := _strip_prefilled_think(turn)).count("<think>") == 0 and body.count("</think>") == 1 for turn in turns
+    )
+
+
+def r1_searcher_stage1(
+    response: str, answer: str | None, golds: Sequence[str], *, turns: Sequence[str] | None = None,
+    max_answer_words: int | None = None,
+) -> float:
+    """Stage 1: +1/-1 cover-EM answer, +0.5 balanced retrieval tags with >= 1 retrieval, +0.5 think/answer
+    format (per turn when ``turns`` are given). ``max_answer_words``: a longer answer is not credited."""
     solution = _strip_prefilled_think(response)
-    reward = 1.0 if answer is not None and "<answer>" in solution and cover_exact_match(answer, golds) else -1.0
+    covered = answer is not None and "<answer>" in solution and bool(cover_exact_match(answer, golds))
+    if covered and max_answer_words is not None and len(str(answer).split()) > max_answer_words:
+        covered = False
+    reward = 1.0 if covered else -1.0
     counts = _r1_retrieval_counts(solution)
     if len(set(counts)) == 1 and counts[0] >= 1:
         reward += 0.5
-    if solution.count("<think>") == 0 and solution.count("</think>") == solution.count("<answer>") == solution.count("</answer>") == 1:
+    if _thinks_per_turn(turns or [response]) and solution.count("<answer>") == solution.count("</answer>") == 1:
         reward += 0.5
     return reward
 
 
-def r1_searcher_stage2(response: str, answer: str | None, golds: Sequence[str]) -> float:
-    """Stage 2: answer F1 (0 without an answer), minus 2 for any format violation."""
+def r1_searcher_stage2(
+    response: str, answer: str | None, golds: Sequence[str], *, turns: Sequence[str] | None = None
+) -> float:
+    """Stage 2: answer F1 (0 without an answer), minus 2 for any format violation (think counts per turn
+    when ``turns`` are given)."""
     solution = _strip_prefilled_think(response)
     reward = f1_score(answer, golds) if answer is not None and "</answer>" in solution else 0.0
     answer_text = solution.split("<answer>")[-1].split("</answer>")[0].strip()
@@ -220,10 +250,10 @@ def r1_searcher_stage2(response: str, answer: str | None, golds: Sequence[str]) 
     violation = (
         len(set(_r1_retrieval_counts(solution))) != 1
         or "Assistant" in solution or "assistant" in solution
-        or solution.count("<think>") != 0 or solution.count("</think>") != 1
+        or not _thinks_per_turn(turns or [response])
         or solution.count("<answer>") != 1 or solution.count("</answer>") != 1
         or "begin_of_query" in answer_text or "begin_of_documents" in answer_text
-        or len(answer_text.split()) > 10
+        or len(answer_text.split()) > MAX_ANSWER_WORDS
         or any("\u4e00" <= char <= "\u9fff" for char in documents_removed)
     )  # fmt: skip
     return reward - 2.0 if violation else reward
@@ -270,6 +300,8 @@ def research_reward(response: str, answer: str | None, golds: Sequence[str], *, 
     return f1 if f1 > 0 else 0.1
 
 
+# Rewards that take the policy's turns (``turns=``): their think rule is per turn in a multi-turn chat.
+PER_TURN_REWARDS = frozenset({"r1_searcher_stage1", "r1_searcher_stage2"})
 RewardFn = Callable[[str, "str | None", Sequence[str]], float]
 REWARDS: dict[str, RewardFn] = {
     "em": lambda response, answer, golds: exact_match(answer, golds) if answer is not None else 0.0,

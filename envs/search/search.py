@@ -21,7 +21,13 @@ from rl_llm.envs.retrieval import (
     load_qa,
 )
 from rl_llm.envs.retrieval.corpus import QAExample
-from rl_llm.envs.search.protocols import PROTOCOLS, REWARDS, SearchProtocol
+from rl_llm.envs.search.protocols import (
+    PER_TURN_REWARDS,
+    PROTOCOLS,
+    REWARDS,
+    SearchProtocol,
+    r1_searcher_stage1,
+)
 from rl_llm.paths import cache_dir as package_cache_dir
 
 MAX_QUERY_CHARS = 1000
@@ -75,7 +81,8 @@ class SearchEnv(TextEnv):
     Question answering with a search engine, following Search-R1: the agent reasons, searches, reads the
     top-k passages and answers. The bundled data set is a generated closed-world knowledge base (made-up
     people, companies, cities and countries) with 1-, 2- and 3-hop questions that need exactly that many
-    searches; a user's own JSONL corpus and QA file (e.g. Wikipedia with NQ/HotpotQA) can be used instead.
+    searches (no later hop's passage is in the top 3 of the question searched verbatim); a user's own JSONL
+    corpus and QA file (e.g. Wikipedia with NQ/HotpotQA) can be used instead.
 
     ## Observation
     On reset, ``Question: ...?`` (the protocol's instructions are the system prompt). After a search, the
@@ -92,7 +99,13 @@ class SearchEnv(TextEnv):
     ## Rewards
     On the final step, one component named after ``reward``: ``"em"`` (exact match after SQuAD
     normalisation, default), ``"f1"``, ``"em_format"`` (Search-R1 format-aware), ``"r1_searcher_stage1"``,
-    ``"r1_searcher_stage2"`` or ``"research"`` (see ``search_protocols``). Earlier steps give 0.
+    ``"r1_searcher_stage2"`` or ``"research"`` (see ``search_protocols``). Earlier steps give 0. The
+    R1-Searcher think rule is checked per turn (each turn opens with ``<think>`` and closes it once before
+    its action; the prompt says so). ``r1_searcher_stage1`` credits the answer by R1-Searcher's stage-1
+    cover-EM, as the paper does: an answer listing every candidate (all 8 countries) covers the gold and
+    scores as the oracle does (2.0). ``max_answer_words`` adds stage 2's answer-length rule to stage 1 for
+    training stage 1 alone: a longer answer earns the wrong-answer -1 (stage 2 uses 10 words, which 8
+    one-word names pass; every bundled answer has at most 2 words, so 3 stops the listing).
     ``info["metrics"]``: ``tool_calls``, ``correct`` (EM), ``f1``, ``answered``, ``turns``,
     ``invalid_actions``, ``retrieval_hit`` (a gold answer appeared in some retrieved passage).
 
@@ -106,9 +119,12 @@ class SearchEnv(TextEnv):
     - ``retriever``: ``"bm25"`` (default; index cached under ``cache_dir``), an ``http://`` retriever server
       URL, or a retriever object (e.g. ``DenseRetriever``); ``top_k`` (3).
     - ``protocol``: ``"search_r1"`` (default), ``"r1_searcher"``, ``"research"``; ``reward`` as above.
+    - ``max_answer_words`` (None): the stage-1 answer-length rule above (``r1_searcher_stage1`` only).
     - ``max_turns`` (6), ``max_passage_chars`` (4000: the result block is cut in the middle beyond it).
 
     ## Version History
+    - v0.1: R1-Searcher's think rule per turn (and in its prompt); ``max_answer_words``; bundled
+      multi-hop questions that a verbatim search shortcuts are redrawn (knowledge base format 3).
     - v0: initial release.
     """
 
@@ -125,12 +141,16 @@ class SearchEnv(TextEnv):
         kb_seed: int = 0,
         cache_dir: str | os.PathLike[str] | None = None,
         max_passage_chars: int = 4000,
+        max_answer_words: int | None = None,
         render_mode: str | None = None,
     ) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {sorted(PROTOCOLS)}, got {protocol!r}")
         if reward not in REWARDS:
             raise ValueError(f"reward must be one of {sorted(REWARDS)}, got {reward!r}")
+        if max_answer_words is not None and (reward != "r1_searcher_stage1" or max_answer_words < 1):
+            raise ValueError("max_answer_words (>= 1) is an option of reward='r1_searcher_stage1' only")
+        self.max_answer_words = max_answer_words
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         if (corpus is None) != (qa is None):
@@ -154,6 +174,7 @@ class SearchEnv(TextEnv):
         self.normalized_golds = [normalize_answer(gold) for gold in self.current_task.answers]
         self.tool_calls = self.invalid_actions = 0
         self.response = ""  # the policy's turns and the observations between them (for format rewards)
+        self.turn_texts: list[str] = []  # the policy's turns alone (per-turn format rules)
         self.retrieval_hit = False  # a gold answer appeared in a passage retrieved so far
         question = self.current_task.question
         info: dict[str, Any] = {"task_index": index}
@@ -169,6 +190,7 @@ class SearchEnv(TextEnv):
             return self._invalid(action, self._reason(blocks))
         first = blocks[0]
         self.response += action[: first.end]
+        self.turn_texts.append(action[: first.end])
         if first.name == "answer":
             return self._finish(self.protocol.extract_answer(first.content), finished=True)
         if not first.content:
@@ -203,6 +225,7 @@ class SearchEnv(TextEnv):
         self.invalid_actions += 1
         if not keep_turn:
             self.response += action
+            self.turn_texts.append(action)
         return self._continue(self.protocol.corrective(reason), invalid=True)
 
     def _continue(self, observation: str, invalid: bool) -> Outcome:
@@ -216,7 +239,15 @@ class SearchEnv(TextEnv):
         golds = self.current_task.answers
         correct = exact_match(answer, golds) if answer is not None else 0.0  # an unfinished episode has no answer
         # The "em" reward is this exact match; the other rewards score the response themselves.
-        reward = correct if self.reward_name == "em" else REWARDS[self.reward_name](self.response, answer, golds)
+        if self.reward_name == "em":
+            reward = correct
+        elif self.reward_name == "r1_searcher_stage1":
+            reward = r1_searcher_stage1(self.response, answer, golds, turns=self.turn_texts,
+                                        max_answer_words=self.max_answer_words)  # fmt: skip
+        elif self.reward_name in PER_TURN_REWARDS:
+            reward = REWARDS[self.reward_name](self.response, answer, golds, turns=self.turn_texts)
+        else:
+            reward = REWARDS[self.reward_name](self.response, answer, golds)
         verdict = "correct" if correct else "incorrect"
         message = f"Episode over: the answer is {verdict}." if answer is not None else "Episode over: no answer was given."
         return Outcome(message, {self.reward_name: float(reward)}, terminated=finished,

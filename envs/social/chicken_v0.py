@@ -19,7 +19,7 @@ class raw_env(MatrixGameEnv):  # lower-case: PettingZoo's module convention
 
     ## Observation, Action, Episode End, Info
     As in ``prisoners_dilemma_v0``: text with the rules once and a result line per round; a reply with
-    exactly one of ``<A>``/``<B>``; ``max_retries`` invalid retries in a row play ``default_action`` (B).
+    the last ``<A>``/``<B>`` as the move; ``max_retries`` invalid retries in a row play ``default_action`` (B).
 
     ## Rewards
     Per round: both A 3/3, both B 0/0, A against B 1 / 5 (R=3, S=1, T=5, P=0).

@@ -2,6 +2,11 @@
 
 Each round both players simultaneously write ``<A>`` or ``<B>``; ``A`` is the cooperative action in every
 game here. Payoffs follow the classic R/S/T/P naming from the row player's point of view.
+
+A reply may reason in free text first; the move is the *last* ``<A>`` or ``<B>`` in it, and the prompt says
+so. There are no stop strings: stopping generation at the first ``<A>``/``<B>`` would commit a move the
+moment the model merely mentions a tag while thinking ("if I play <B> ..."). With ``max_retries=0`` and a
+generator constrained to ``<A>|<B>`` the paper's exact protocol is recovered.
 """
 
 from __future__ import annotations
@@ -43,20 +48,19 @@ class Payoffs:
 
 
 def parse_choice(text: str) -> tuple[str | None, str | None]:
-    """``("A", None)`` or ``("B", None)`` when exactly one of ``<A>``/``<B>`` occurs, else ``(None, reason)``."""
-    found = [action for action in ACTIONS if f"<{action}>" in text]
-    if len(found) == 1:
-        return found[0], None
-    if found:
-        return None, "your reply contains both <A> and <B>; include exactly one of them."
-    return None, "no <A> or <B> found; reply with <A> or <B>."
+    """``("A", None)`` or ``("B", None)`` for the last ``<A>``/``<B>`` in the reply, else ``(None, reason)``."""
+    positions = {action: text.rfind(f"<{action}>") for action in ACTIONS}
+    last = max(ACTIONS, key=positions.__getitem__)
+    if positions[last] < 0:
+        return None, "no <A> or <B> found; end your reply with your move, <A> or <B>."
+    return last, None
 
 
 class MatrixGameEnv(SocialEnv):
     """An iterated 2x2 game; subclasses fix the name and the default payoffs (see their docstrings)."""
 
     default_payoffs: ClassVar[Payoffs]
-    stop = ("<A>", "<B>")
+    stop = ()  # the move is the last tag of the reply: see the module docstring
 
     def __init__(
         self,
@@ -86,14 +90,15 @@ class MatrixGameEnv(SocialEnv):
             "choose an action, A or B, at the same time, without seeing the other player's choice.\n"
             f"Points per round:\n{table}\n"
             "Your goal is to score as many points as possible over all rounds. To play A, write <A>; to play B, "
-            "write <B>. Your reply must contain exactly one of the two."
+            "write <B>. You may think it over in words first, but end your reply with your move: only the last "
+            "<A> or <B> in your reply counts."
         )
 
     def _phase(self) -> tuple[str, tuple[str, ...]]:
         return "play", AGENTS
 
     def _prompt(self, agent: str) -> str:
-        return f"Round {self.round} of {self.num_rounds}: play <A> or <B>."
+        return f"Round {self.round} of {self.num_rounds}: play <A> or <B> (the last one in your reply counts)."
 
     def _parse(self, agent: str, text: str) -> tuple[Any, str | None]:
         return parse_choice(text)

@@ -42,6 +42,11 @@ def welfare_share(mine: float, theirs: float, quantity: float) -> float:
     return float(quantity) if mine > theirs else 0.0
 
 
+def equal_totals(values: Mapping[str, Mapping[str, float]]) -> bool:
+    """Whether every player's values add up to the same total (the paper simulator's ``same_round_value``)."""
+    return len({sum(bundle.values()) for bundle in values.values()}) == 1
+
+
 def format_bundle(bundle: Mapping[str, float]) -> str:
     """``{"hats": 3, "books": 7}`` -> ``"hats=3, books=7"``."""
     return ", ".join(f"{item}={number(amount)}" for item, amount in bundle.items())

@@ -23,8 +23,9 @@ class raw_env(MatrixGameEnv):  # lower-case: PettingZoo's module convention
     and the next prompt on the last line. Empty once the game is over.
 
     ## Action
-    A reply containing exactly one of ``<A>`` or ``<B>`` (repeats of the same tag are fine). Anything else is
-    invalid: the agent is told why and tries again while the other player's move stays locked in; after
+    A reply ending in ``<A>`` or ``<B>``: free reasoning may come first, and the last ``<A>``/``<B>`` in the
+    reply is the move (no stop strings, so a tag merely mentioned while thinking commits nothing). A reply
+    without either tag is invalid: the agent is told why and tries again while the other player's move stays locked in; after
     ``max_retries`` invalid retries in a row ``default_action`` (``B``, defect) is played for it.
     ``max_retries=0`` reproduces the paper's rule that anything else counts as defect.
 
@@ -45,7 +46,8 @@ class raw_env(MatrixGameEnv):  # lower-case: PettingZoo's module convention
     - ``num_rounds`` (10), ``max_retries`` (2), ``default_action`` ("B"), ``render_mode`` (None, "ansi", "human").
 
     ## Version History
-    - v0: initial release.
+    - v0: initial release. The move is the last tag of the reply and there are no stop strings (the
+      earlier ``<A>``/``<B>`` stop strings committed a move at its first mention).
     """
 
     metadata: ClassVar[dict[str, Any]] = {**MatrixGameEnv.metadata, "name": "prisoners_dilemma_v0"}

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rl_llm.envs.social.base import AGENTS, module_constructors
-from rl_llm.envs.social.negotiation import Bundle, NegotiationEnv, format_bundle
+from rl_llm.envs.social.negotiation import Bundle, NegotiationEnv, equal_totals, format_bundle
 
 ITEMS = ("hats", "books", "balls")
 
@@ -17,7 +17,9 @@ class raw_env(NegotiationEnv):  # lower-case: PettingZoo's module convention
     Each round two players divide 10 hats, 10 books and 10 balls without talking (the "no-press" Split of
     "Learning Robust Social Strategies with LLMs"). Per-unit values are drawn per round, for each player and
     item independently, from ``value_choices`` ({1, 10}), and redrawn until the players value at least one
-    item differently. Both players see both sets of values. Both then propose, at the same time, how many
+    item differently and, with ``equal_totals`` (default, as the paper's simulator: ``same_round_value``,
+    which its Split config leaves on), until both players' values add up to the same total, so neither
+    player is richer by the draw. Both players see both sets of values. Both then propose, at the same time, how many
     units of each item to keep.
 
     ## Observation
@@ -44,10 +46,10 @@ class raw_env(NegotiationEnv):  # lower-case: PettingZoo's module convention
 
     ## Arguments
     - ``num_rounds`` (10), ``items`` (hats, books, balls), ``quantity`` (10), ``value_choices`` ((1, 10)),
-      ``max_retries`` (2), ``render_mode``.
+      ``equal_totals`` (True), ``max_retries`` (2), ``render_mode``.
 
     ## Version History
-    - v0: initial release.
+    - v0: initial release. ``equal_totals`` added (on by default, as in the paper's simulator).
     """
 
     metadata: ClassVar[dict[str, Any]] = {**NegotiationEnv.metadata, "name": "split_v0"}
@@ -60,6 +62,7 @@ class raw_env(NegotiationEnv):  # lower-case: PettingZoo's module convention
         items: Sequence[str] = ITEMS,
         quantity: int = 10,
         value_choices: Sequence[float] = (1, 10),
+        equal_totals: bool = True,
         max_retries: int = 2,
         render_mode: str | None = None,
     ) -> None:
@@ -68,12 +71,16 @@ class raw_env(NegotiationEnv):  # lower-case: PettingZoo's module convention
         self.value_choices = tuple(float(v) for v in value_choices)
         if len(set(self.value_choices)) < 2:
             raise ValueError(f"value_choices needs at least two different values, got {value_choices!r}")
+        self.equal_totals = bool(equal_totals)
 
     def _sample_values(self) -> dict[str, Bundle]:
-        while True:  # redraw until the players disagree on at least one item (ends fast: p >= 1/2 per draw)
+        # Redraw until the players disagree on at least one item and, with equal_totals, their totals match
+        # (a draw with the two rows swapped item by item qualifies, so a few draws suffice).
+        while True:
             draw = self.rng.choice(self.value_choices, size=(len(AGENTS), len(self.items))).tolist()
-            if draw[0] != draw[1]:
-                return {agent: dict(zip(self.items, row, strict=True)) for agent, row in zip(AGENTS, draw, strict=True)}
+            values = {agent: dict(zip(self.items, row, strict=True)) for agent, row in zip(AGENTS, draw, strict=True)}
+            if draw[0] != draw[1] and (not self.equal_totals or equal_totals(values)):
+                return values
 
     def _rules(self) -> str:
         return (
@@ -89,7 +96,7 @@ class raw_env(NegotiationEnv):  # lower-case: PettingZoo's module convention
 
     @property
     def task_name(self) -> str:
-        return f"split_v0-r{self.num_rounds}"
+        return f"split_v0-r{self.num_rounds}" + ("" if self.equal_totals else "-unequal")
 
 
 parallel_env, env = module_constructors(raw_env)

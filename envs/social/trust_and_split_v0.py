@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rl_llm.envs.social.base import AGENTS, module_constructors, other, points_text
-from rl_llm.envs.social.negotiation import Bundle, NegotiationEnv, format_bundle
+from rl_llm.envs.social.negotiation import Bundle, NegotiationEnv, equal_totals, format_bundle
 
 VARIANTS = ("classic", "rps")
 HANDS = ("rock", "paper", "scissors")
@@ -25,7 +25,9 @@ class raw_env(NegotiationEnv):  # lower-case: PettingZoo's module convention
     the other values more.
 
     - ``variant="classic"``: 10 hats and 10 books; per-unit values drawn per round, independently for each
-      player and item, uniformly from the integers ``value_range`` (1..20).
+      player and item, uniformly from the integers ``value_range`` (1..20); with ``equal_totals`` (default,
+      as the paper's simulator, ``same_round_value``) redrawn until both players' values add up to the same
+      total.
     - ``variant="rps"`` (the paper's main game): 10 coins; each player gets a different rock/paper/scissors
       hand; the winning hand values coins at ``high_value`` (10) per coin, the losing hand at ``low_value``
       (1). A player sees only its own hand, so it knows its value only once it learns the other's hand.
@@ -57,10 +59,10 @@ class raw_env(NegotiationEnv):  # lower-case: PettingZoo's module convention
 
     ## Arguments
     - ``variant`` ("classic" or "rps"), ``num_rounds`` (10), ``max_message_chars`` (500), ``max_retries`` (2),
-      ``value_range`` ((1, 20), classic), ``high_value`` (10) and ``low_value`` (1) (rps), ``render_mode``.
+      ``value_range`` ((1, 20), classic), ``equal_totals`` (True, classic), ``high_value`` (10) and ``low_value`` (1) (rps), ``render_mode``.
 
     ## Version History
-    - v0: initial release.
+    - v0: initial release. ``equal_totals`` added for classic (on by default, as in the paper's simulator).
     """
 
     metadata: ClassVar[dict[str, Any]] = {**NegotiationEnv.metadata, "name": "trust_and_split_v0"}
@@ -72,6 +74,7 @@ class raw_env(NegotiationEnv):  # lower-case: PettingZoo's module convention
         max_message_chars: int = 500,
         max_retries: int = 2,
         value_range: Sequence[int] = (1, 20),
+        equal_totals: bool = True,
         high_value: float = 10,
         low_value: float = 1,
         render_mode: str | None = None,
@@ -88,17 +91,22 @@ class raw_env(NegotiationEnv):  # lower-case: PettingZoo's module convention
             raise ValueError(f"need 0 <= low_value < high_value, got {low_value}, {high_value}")
         self.variant = variant
         self.value_range = (low, high)
+        self.equal_totals = bool(equal_totals)
         self.high_value, self.low_value = float(high_value), float(low_value)
 
     @property
     def task_name(self) -> str:
-        return f"trust_and_split_v0-{self.variant}-r{self.num_rounds}"
+        unequal = "-unequal" if self.variant == "classic" and not self.equal_totals else ""
+        return f"trust_and_split_v0-{self.variant}-r{self.num_rounds}{unequal}"
 
     def _sample_values(self) -> dict[str, Bundle]:
         if self.variant == "classic":
             low, high = self.value_range
-            draw = self.rng.integers(low, high + 1, size=(len(AGENTS), len(self.items))).astype(float).tolist()
-            return {agent: dict(zip(self.items, row, strict=True)) for agent, row in zip(AGENTS, draw, strict=True)}
+            while True:  # with equal_totals about 1 draw in 30 qualifies for 2 items over 1..20
+                draw = self.rng.integers(low, high + 1, size=(len(AGENTS), len(self.items))).astype(float).tolist()
+                values = {agent: dict(zip(self.items, row, strict=True)) for agent, row in zip(AGENTS, draw, strict=True)}
+                if not self.equal_totals or equal_totals(values):
+                    return values
         first, second = (HANDS[int(i)] for i in self.rng.choice(len(HANDS), size=2, replace=False))
         self.hands = {AGENTS[0]: first, AGENTS[1]: second}
         return {agent: {"coins": self.high_value if BEATS[hand] == self.hands[other(agent)] else self.low_value}

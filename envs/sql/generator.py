@@ -316,6 +316,10 @@ def raise_if_broken(result: QueryResult, sql: str) -> None:
 def generate_tasks(num_databases: int, seed: int = 0, directory: str | Path | None = None) -> list[SqlTask]:
     """Tasks on ``num_databases`` generated databases (domains in turn), written under ``directory``.
 
+    Databases of one domain share their question templates and often their drawn values, so the same
+    question text comes up on several databases; it is kept on the first only (a training set must not count
+    one question twice, and a policy cannot tell the copies apart by their text).
+
     The default directory, ``sql-generated`` in rl-llm's cache folder (``rl_llm.paths.cache_dir``), is shared
     by the user's processes (files are written atomically and are the same for the same seed), so parallel
     environments do not rebuild the same databases.
@@ -324,6 +328,7 @@ def generate_tasks(num_databases: int, seed: int = 0, directory: str | Path | No
         raise ValueError(f"num_databases must be at least 1, got {num_databases}")
     root = Path(directory) if directory is not None else cache_dir() / "sql-generated"
     tasks: list[SqlTask] = []
+    asked: set[str] = set()
     for number in range(num_databases):
         domain = DOMAINS[number % len(DOMAINS)]
         db_seed = seed * 100_003 + number
@@ -339,6 +344,9 @@ def generate_tasks(num_databases: int, seed: int = 0, directory: str | Path | No
                 if made is None or not _unambiguous(database, made[1], made[2]):
                     continue
                 question, sql, _ = made
+                if question in asked:  # the same question on another database of the domain: asked once
+                    continue
+                asked.add(question)
                 tasks.append(SqlTask(f"{db_id}-{template.__name__.strip('_')}", db_id, path, question, sql,
                                      difficulty="generated"))  # fmt: skip
     return tasks

@@ -5,6 +5,9 @@ Rules (Spider/BIRD execution accuracy, made explicit):
 - numbers compare by value (``1 == 1.0``) with a relative/absolute float tolerance; text and blobs exactly;
 - column names never matter, and column order does not either: when the columns as given do not match, every
   column permutation whose columns hold the same values as the gold columns is tried (few exist in practice).
+
+``sets_match`` is SkyRL-SQL's rule instead: ``frozenset(pred) == frozenset(gold)``, so row order and duplicate
+rows never matter, values compare with Python equality (``1 == 1.0``, no tolerance) and column order does.
 """
 
 from __future__ import annotations
@@ -113,3 +116,8 @@ def results_match(
         if permutation != identity and same_rows([tuple(row[i] for i in permutation) for row in pred]):
             return True
     return False
+
+
+def sets_match(pred: Sequence[Row], gold: Sequence[Row]) -> bool:
+    """SkyRL-SQL's execution match: the two results hold the same set of rows (order and duplicates ignored)."""
+    return frozenset(map(tuple, pred)) == frozenset(map(tuple, gold))

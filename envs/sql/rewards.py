@@ -1,11 +1,20 @@
 """Partial rewards for Text2SQL (Reasoning-SQL, Think2SQL, SkyRL-SQL), all in [0, 1] except ``format_penalty``.
 
 - ``execution``: 1 when the predicted query's result matches the gold result (see ``results.py``).
-- ``syntax``: 1 when sqlglot parses the prediction as exactly one query (SELECT/WITH/UNION/VALUES).
-- ``schema_linking``: Jaccard similarity of the tables and ``table.column`` pairs the two queries use.
+- ``syntax``: 1 when the prediction is exactly one query (SELECT/WITH/UNION/VALUES) that executes without
+  error (Reasoning-SQL's ``R_syn``: "the SQL executes").
+- ``schema_linking``: Jaccard similarity of the tables and ``table.column`` pairs the two queries use
+  (Reasoning-SQL's ``R_SL``). Every item counts, including tables and columns that do not exist (an unknown
+  unqualified column counts as ``?.name``), and a projected ``*`` / ``t.*`` stands for every column of the
+  tables it covers (``COUNT(*)`` reads no column).
 - ``ngram``: Jaccard similarity of the lower-cased whitespace-token bigrams of the two queries.
+
+The three partial terms (``syntax``, ``schema_linking``, ``ngram``) are 0 for a prediction that does not
+execute, so a query that fails never earns more than one that runs and is wrong (``SELECT 1``).
 - ``format``: 1 when every turn thinks in ``<think>...</think>`` before its action and the episode ends with
-  exactly one ``<solution>``; ``format_penalty`` is ``format - 1`` (SkyRL-SQL's -1 for a bad format).
+  exactly one ``<solution>`` (``format_rule="every_turn"``), or under ``format_rule="skyrl"`` SkyRL-SQL's
+  ``verify_format_and_extract`` on the whole chat (``skyrl_format``); ``format_penalty`` is ``format - 1``
+  (SkyRL-SQL's -1 for a bad format).
 
 The reward is ``sum(weight[name] * score[name])``; ``REWARD_PRESETS`` holds the published weightings.
 """
@@ -13,6 +22,7 @@ The reward is ``sum(weight[name] * score[name])``; ``REWARD_PRESETS`` holds the 
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Iterable, Mapping
 
 import sqlglot
@@ -26,9 +36,23 @@ REWARD_PRESETS: dict[str, dict[str, float]] = {
     # Reasoning-SQL (re-implementation defaults; the LLM-judge term is left out): 3 EX + syntax + schema
     # linking + n-gram + 0.5 format.
     "reasoning_sql": {"execution": 3.0, "syntax": 1.0, "schema_linking": 1.0, "ngram": 1.0, "format": 0.5},
-    # SkyRL-SQL: execution, and -1 when the format is broken.
+    # SkyRL-SQL: execution, and -1 (whatever the execution) when the format is broken; see PRESET_PROTOCOLS.
     "skyrl": {"execution": 1.0, "format_penalty": 1.0},
 }
+# Episode rules a preset brings with it (the env's arguments left at None take these):
+# ``max_turns``, ``result_match`` ("multiset": Spider/BIRD rows as a multiset, or a list under a gold ORDER BY;
+# "set": SkyRL-SQL's ``frozenset(pred) == frozenset(gold)``) and ``format_gate`` (a broken format zeroes every
+# other term, so the reward is exactly ``weight * -1``: SkyRL-SQL's code returns -1 before it executes anything).
+# ``format_rule``: "every_turn" (each turn thinks before its action) or "skyrl" (``skyrl_format``).
+DEFAULT_PROTOCOL: dict[str, object] = {
+    "max_turns": 5, "result_match": "multiset", "format_gate": False, "format_rule": "every_turn",
+}
+PRESET_PROTOCOLS: dict[str, dict[str, object]] = {
+    "skyrl": {"max_turns": 5, "result_match": "set", "format_gate": True, "format_rule": "skyrl"},
+}
+RESULT_MATCHES = ("multiset", "set")
+FORMAT_RULES = ("every_turn", "skyrl")
+_SOLUTION_INNER_TAGS = re.compile(r"</?(think|sql|observation)\b", re.IGNORECASE)
 # Predictions longer than this are not handed to sqlglot (its parser is recursive and not linear-time).
 MAX_PARSE_CHARS = 20_000
 
@@ -59,6 +83,7 @@ def parse_query(sql: str) -> exp.Query | None:
 
 
 def syntax_score(sql: str) -> float:
+    """Parse check only; the env's ``syntax`` term also requires the query to execute (see ``SqlScorer``)."""
     return float(parse_query(sql) is not None)
 
 
@@ -66,7 +91,10 @@ def schema_items(tree: exp.Expression, schema: Mapping[str, Iterable[str]] | Non
     """Tables and ``table.column`` pairs a query uses, lower-cased, with aliases resolved.
 
     Unqualified columns are attributed through ``schema`` (table -> columns) to the query's tables that have
-    them. Columns of CTEs and subqueries are derived, not schema items, and are left out.
+    them; one that no table has is ``?.name`` (it counts against the query, as a wrong table would). A
+    projected ``*`` adds every column of the query's tables, ``t.*`` every column of ``t`` (a query that
+    reads everything references everything); ``COUNT(*)`` adds none. Columns of CTEs and subqueries are
+    derived, not schema items, and are left out.
     """
     derived = {cte.alias_or_name.lower() for cte in tree.find_all(exp.CTE)}
     derived |= {sub.alias_or_name.lower() for sub in tree.find_all(exp.Subquery) if sub.alias_or_name}
@@ -78,9 +106,21 @@ def schema_items(tree: exp.Expression, schema: Mapping[str, Iterable[str]] | Non
     tables = set(aliases.values())
     columns_of = {t.lower(): {c.lower() for c in cols} for t, cols in (schema or {}).items()}
     items = set(tables)
+
+    def all_columns(table: str) -> set[str]:
+        return {f"{table}.{column}" for column in columns_of.get(table, ())}
+
+    for star in tree.find_all(exp.Star):
+        if isinstance(star.parent, exp.Select):  # SELECT * (not COUNT(*), whose parent is the function)
+            for table in tables:
+                items |= all_columns(table)
     for column in tree.find_all(exp.Column):
         name, qualifier = column.name.lower(), column.table.lower()
-        if not name or isinstance(column.this, exp.Star):
+        if isinstance(column.this, exp.Star):  # t.*
+            if qualifier and qualifier not in derived:
+                items |= all_columns(aliases.get(qualifier, qualifier))
+            continue
+        if not name:
             continue
         if qualifier:
             if qualifier not in derived:
@@ -89,8 +129,15 @@ def schema_items(tree: exp.Expression, schema: Mapping[str, Iterable[str]] | Non
         owners = [t for t in sorted(tables) if name in columns_of.get(t, ())]
         if not owners and not columns_of and len(tables) == 1:
             owners = list(tables)
+        if not owners and columns_of and not _is_output_alias(tree, name):
+            owners = ["?"]
         items.update(f"{owner}.{name}" for owner in owners)
     return items
+
+
+def _is_output_alias(tree: exp.Expression, name: str) -> bool:
+    """True when ``name`` is an alias a SELECT gives an output column (``ORDER BY total``): not a schema item."""
+    return any(alias.alias.lower() == name for alias in tree.find_all(exp.Alias))
 
 
 def jaccard(a: set[str], b: set[str]) -> float:
@@ -119,6 +166,23 @@ def ngram_score(pred_sql: str, gold_sql: str) -> float:
     if not pred_sql.strip():
         return 0.0
     return jaccard(_bigrams(pred_sql), _bigrams(gold_sql))
+
+
+def skyrl_format(chat: str) -> bool:
+    """SkyRL-SQL's format check on the whole chat (the policy's turns and the observations, concatenated):
+    exactly one ``<solution>`` with one ``</solution>`` after it and no think/sql/observation tag inside, at
+    least one ``<think>...</think>``, and after every ``</observation>`` the text starts with ``<think>``."""
+    if chat.count("<solution>") != 1:
+        return False
+    before, tail = chat.split("<solution>", 1)
+    if tail.count("</solution>") != 1 or _SOLUTION_INNER_TAGS.search(tail.split("</solution>", 1)[0]):
+        return False
+    if not re.search(r"<think>(.*?)</think>", chat, re.DOTALL):
+        return False
+    return all(
+        before[match.end() :].lstrip().lower().startswith("<think>")
+        for match in re.finditer(r"</observation>", before, re.IGNORECASE)
+    )
 
 
 def thinks_before_action(turn: str, action_tag: str) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rl_llm.envs.sql.database import QueryLimits, QueryResult, ReadOnlyDatabase
 from rl_llm.envs.sql.render import schema_columns
-from rl_llm.envs.sql.results import has_top_level_order_by, results_match
+from rl_llm.envs.sql.results import has_top_level_order_by, results_match, sets_match
 from rl_llm.envs.sql.rewards import jaccard, ngram_score, parse_query, schema_items
 from rl_llm.envs.sql.tasks import SqlTask
 
@@ -106,7 +106,11 @@ class SqlScorer:
         cache_gold: bool = True,
         pool: DatabasePool | None = None,
         cache: GoldCache = GOLD_CACHE,
+        result_match: str = "multiset",
     ) -> None:
+        if result_match not in ("multiset", "set"):
+            raise ValueError(f"result_match must be 'multiset' or 'set', got {result_match!r}")
+        self.result_match = result_match
         self.limits = limits
         self.gold_limits = gold_limits
         self.tolerance = tolerance
@@ -154,14 +158,28 @@ class SqlScorer:
             scores.notes.append(f"your query failed: {predicted.error}")
         elif predicted.truncated:
             scores.notes.append("your query returned more rows than the result limit")
-        elif results_match(predicted.rows, gold.result.rows, ordered=gold.ordered, tolerance=self.tolerance):
+        elif self._matches(predicted, gold):
             scores.values["execution"] = 1.0
         return scores
 
+    def _matches(self, predicted: QueryResult, gold: GoldResult) -> bool:
+        if self.result_match == "set":
+            return sets_match(predicted.rows, gold.result.rows)
+        return results_match(predicted.rows, gold.result.rows, ordered=gold.ordered, tolerance=self.tolerance)
+
     def score(self, task: SqlTask, sql: str, terms: Mapping[str, float] | None = None) -> Scores:
-        """Execution match plus the partial terms named in ``terms`` (format terms are the env's)."""
+        """Execution match plus the partial terms named in ``terms`` (format terms are the env's).
+
+        The partial terms are 0 unless the prediction executes: Reasoning-SQL's syntax term is "executes
+        without error", and a query that fails must not collect schema-linking or n-gram credit that puts it
+        above a query that runs and is wrong.
+        """
         scores = self.execution(task, sql)
-        wanted = set(terms or ())
+        wanted = set(terms or ()) & {"syntax", "schema_linking", "ngram"}
+        runs = scores.predicted is not None and scores.predicted.ok
+        if not runs:
+            scores.values.update(dict.fromkeys(wanted, 0.0))
+            return scores
         if wanted & {"syntax", "schema_linking"}:
             tree = parse_query(sql)  # parsed once for both terms
             if "syntax" in wanted:

@@ -61,6 +61,11 @@ def load_task_dir(path: str | Path, family: str = "custom") -> TerminalTask:
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"task directory {root} does not exist")
+    # Harbor / Terminal-Bench task folders have their own loader.
+    from rl_llm.envs.terminal.harbor import is_harbor_task_dir, load_harbor_task
+
+    if is_harbor_task_dir(root):
+        return load_harbor_task(root, family)
     description = next((root / name for name in DESCRIPTION_FILES if (root / name).is_file()), None)
     if description is None:
         raise FileNotFoundError(f"task directory {root} has none of {', '.join(DESCRIPTION_FILES)}")
@@ -85,8 +90,10 @@ def load_task_dir(path: str | Path, family: str = "custom") -> TerminalTask:
 
 
 def is_task_dir(path: Path) -> bool:
-    """Whether ``path`` is a hand-written task directory (it holds one of ``DESCRIPTION_FILES``)."""
-    return any((path / name).is_file() for name in DESCRIPTION_FILES)
+    """Whether ``path`` is a task directory: hand-written (it holds one of ``DESCRIPTION_FILES``) or Harbor."""
+    from rl_llm.envs.terminal.harbor import is_harbor_task_dir
+
+    return any((path / name).is_file() for name in DESCRIPTION_FILES) or is_harbor_task_dir(path)
 
 
 def load_task_folder(path: str | Path, family: str = "custom") -> list[TerminalTask]:

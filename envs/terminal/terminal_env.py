@@ -24,7 +24,8 @@ SYSTEM_PROMPT = (
     "think inside <think>...</think>, then reply with exactly one of: <command>THE_SINGLE_SHELL_COMMAND</command> "
     "to run one command in a persistent bash shell (the working directory and variables carry over; your home "
     "directory is where the shell starts), or <action>done</action> when the task is complete. If a turn holds "
-    "several <command> blocks, only the last one runs. You have at most {max_turns} turns and {budget:g} seconds; "
+    "several <command> blocks, only the last one runs; a turn with a <command> and <action>done</action> runs the "
+    "command, then ends the episode. You have at most {max_turns} turns and {budget:g} seconds; "
     "each command is interrupted after {timeout:g} seconds. There is no network access and nothing is "
     "interactive. When you finish, automated tests check the final state of the system."
 )
@@ -50,16 +51,19 @@ class GeneratedTasks(Sequence[TerminalTask]):
         return generate_task(index, self.family, self.difficulty)
 
 
-def parse_turn(text: str) -> tuple[str, str] | None:
-    """("command", text) or ("done", "") for the action that closes last in the turn, or None."""
+def parse_turn(text: str) -> tuple[str | None, bool] | None:
+    """(the command to run, or None; whether the turn says done), or None when it holds neither action.
+
+    The last ``<command>`` runs. A turn with both a command and ``<action>done</action>`` (in any order)
+    runs the command, then finishes: the agent meant both, and dropping the command would check a state
+    the agent did not ask for. An empty command beside ``done`` is no command."""
     command = extract_tag(text, "command", last=True)
-    command_end = text.rfind("</command>") if command is not None else -1
-    done_end = text.rfind("</action>") if (extract_tag(text, "action", last=True) or "").lower() == "done" else -1
-    if command_end < 0 and done_end < 0:
+    done = (extract_tag(text, "action", last=True) or "").lower() == "done"
+    if command is None and not done:
         return None
-    if done_end > command_end:
-        return ("done", "")
-    return ("command", command or "")
+    if done and command is not None and not command.strip():
+        command = None
+    return command, done
 
 
 def format_output(output: str, exit_code: int, max_chars: int) -> str:
@@ -88,7 +92,7 @@ class TerminalEnv(TextEnv):
 
     ## Action
     One turn: ``<command>ONE SHELL COMMAND</command>`` (if there are several, the last one counts) or
-    ``<action>done</action>``; whichever closes last in the turn is taken.
+    ``<action>done</action>``; a turn with both runs the command, then ends the episode.
 
     ## Rewards
     ``completion``: 1.0 on the final step if every completion check passes on the final state, else 0.0.
@@ -97,9 +101,10 @@ class TerminalEnv(TextEnv):
     sandbox calls (kept out of ``info`` so that equal seeds give equal infos).
 
     ## Episode End
-    Terminated on ``<action>done</action>`` (then the check runs), or when the wall-clock budget
-    ``time_budget_s`` is spent (no check, reward 0, ``info["time_budget_exceeded"]``). Truncated after
-    ``max_turns`` turns; the check still runs on that last turn.
+    Terminated on ``<action>done</action>`` (after the turn's command, if any; then the check runs), or
+    when the wall-clock budget ``time_budget_s`` is spent (no check, reward 0,
+    ``info["time_budget_exceeded"]``). Truncated after ``max_turns`` turns; the check still runs on that
+    last turn.
 
     ## Arguments
     - ``task_family`` (None: all): a family name or list of names (``FAMILIES``).
@@ -115,6 +120,8 @@ class TerminalEnv(TextEnv):
       ``difficulty``.
 
     ## Version History
+    - v0.1: a turn with a command and ``done`` runs the command, then finishes (the command was dropped);
+      the bwrap workspace survives ``chmod -R 000``, immutable flags and deep nesting at reset.
     - v0: initial release.
     """
 
@@ -262,15 +269,17 @@ class TerminalEnv(TextEnv):
             raise RuntimeError("TerminalEnv: the last reset failed, so there is no episode; call reset()")
         parsed = parse_turn(action)
         last_turn = self.turn >= self.max_turns
-        invalid = parsed is None or (parsed[0] == "command" and not parsed[1].strip())
-        if invalid:
+        invalid = parsed is None or (parsed[0] is not None and not parsed[0].strip())
+        if invalid or parsed is None:
             observation = INVALID_ACTION
-        elif parsed[0] == "done":
+        elif parsed[0] is None:  # done alone
             return self._finish("You ended the episode.", terminated=True)
         else:
-            observation = self._execute(parsed[1])
+            observation = self._execute(parsed[0])
         if time.monotonic() - self._started > self.time_budget_s:
             return self._out_of_time()
+        if parsed is not None and parsed[1] and not invalid:  # a command, then done
+            return self._finish(f"{observation}\n\nYou ended the episode.", terminated=True)
         if last_turn:
             return self._finish(observation + "\n\nThat was the last turn.", terminated=False, invalid=invalid)
         return Outcome(observation, {"completion": 0.0}, invalid_action=invalid, metrics=self._metrics(None))

@@ -11,7 +11,11 @@ Both wrap any env with a verifiable final answer. The protocol such an env follo
 - ``reset`` with the same seed and options gives the same task (DESIGN.md §2).
 
 An attempt is one inner episode: after a wrong answer (or an attempt that ran out of turns without one)
-the inner env is reset to the same task and the agent is told, in a new user message, to try again.
+the inner env is reset to the same task and the agent is told, in a new user message, to try again; the
+message then says the task starts again and re-shows the new attempt's first observation (TicTacToe as O:
+the board with the opponent's opening move; Terminal: the fresh workspace), unless ``restate_task=False``.
+Repeated answers are compared after the normalisation exact match uses (``Paris``, ``Paris.`` and
+``paris!`` are one answer; numbers compare by value, so ``-4`` and ``4`` stay apart).
 Inner rewards are not passed on: the wrapper's reward is the protocol's (the inner step's reward
 components and metrics stay visible as ``info["inner_reward_components"]`` and in ``metrics``).
 """
@@ -24,10 +28,16 @@ import gymnasium as gym
 import numpy as np
 
 from rl_llm.envs.parsing import extract_tag
+from rl_llm.envs.qa_scoring import normalize_answer, parse_number
+
+RESTART_NOTE = "New attempt: the task starts again from the beginning (everything was reset)."
 
 
 def normalise_answer(answer: str) -> str:
-    return " ".join(answer.split()).lower()
+    """An answer as the repetition count sees it: a number by its value, anything else as exact match
+    normalises it (lower case, no punctuation or articles, squeezed whitespace)."""
+    number = parse_number(answer)
+    return format(number, ".15g") if number is not None else normalize_answer(answer)
 
 
 def reported_correct(info: dict[str, Any]) -> bool | None:
@@ -43,16 +53,19 @@ def reported_correct(info: dict[str, Any]) -> bool | None:
 class _Attempts(gym.Wrapper[str, str, str, str]):
     """Shared mechanics: attempt counting, re-resetting to the same task, answer bookkeeping."""
 
-    def __init__(self, env: gym.Env, max_attempts: int, success_threshold: float) -> None:
+    def __init__(self, env: gym.Env, max_attempts: int, success_threshold: float, restate_task: bool) -> None:
         super().__init__(env)
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
         self.max_attempts = max_attempts
         self.success_threshold = success_threshold
+        self.restate_task = restate_task
         self.max_turns = max_attempts * getattr(env.unwrapped, "max_turns", 1)
         self._rng = np.random.default_rng()
         self._over = True
-        self._attempt_transcripts: list[str] = []
+        self._transcript_head = ""  # the system prompt and first observation the agent saw
+        self._attempt_log: list[str] = []  # finished attempts' turns, each followed by the feedback shown
+        self._inner_head = ""  # how the inner transcript of the current attempt starts (dropped when rendering)
 
     # -- subclass hooks -------------------------------------------------------------------------------------
     def _attempt_budget(self) -> int:
@@ -80,10 +93,12 @@ class _Attempts(gym.Wrapper[str, str, str, str]):
         self._attempt = 0
         self._turn = 0
         self._answers: list[str] = []
-        self._attempt_transcripts = []
+        self._attempt_log = []
         self._over = False
         info = dict(info)
+        self._inner_head = self._head(info.get("system_prompt", ""), observation)
         self._on_reset(info)
+        self._transcript_head = self._head(info.get("system_prompt", ""), observation)
         return observation, info
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
@@ -103,9 +118,14 @@ class _Attempts(gym.Wrapper[str, str, str, str]):
             rewards.update(self._final_rewards(correct))
             terminated = correct or self._ends_by_termination
             return self._result("", rewards, terminated, not terminated, info, correct)
-        self._attempt_transcripts.append(self.env.unwrapped.transcript)
-        self.env.reset(seed=self._task_seed, options=self._options)
-        return self._result(self._feedback(), rewards, False, False, info)
+        finished = self._attempt_body()
+        first, inner_info = self.env.reset(seed=self._task_seed, options=self._options)
+        self._inner_head = self._head(inner_info.get("system_prompt", ""), first)
+        message = self._feedback()
+        if self.restate_task:
+            message = f"{message}\n\n{RESTART_NOTE}\n\n{first}"
+        self._attempt_log += [finished, f"[user]\n{message}"]
+        return self._result(message, rewards, False, False, info)
 
     # -- helpers -------------------------------------------------------------------------------------------
     _ends_by_termination = False
@@ -148,29 +168,51 @@ class _Attempts(gym.Wrapper[str, str, str, str]):
 
     @property
     def transcript(self) -> str:
-        """Every attempt's transcript, in order (the inner env keeps only the current attempt's)."""
-        return "\n\n".join([*self._attempt_transcripts, self.env.unwrapped.transcript])
+        """What the agent saw, in order: the system prompt and first observation, every attempt's turns and,
+        after each wrong attempt, the feedback message (the inner env keeps only the current attempt's)."""
+        return "\n\n".join(part for part in (self._transcript_head, *self._attempt_log, self._attempt_body()) if part)
+
+    @staticmethod
+    def _head(system_prompt: str, observation: str) -> str:
+        return f"[system]\n{system_prompt}\n\n[user]\n{observation}"
+
+    def _attempt_body(self) -> str:
+        """The current attempt's turns from the inner transcript, without the system prompt and first
+        observation (the wrapper shows those itself); an env with another transcript layout is kept whole."""
+        inner = self.env.unwrapped.transcript
+        if inner.startswith(self._inner_head):
+            return inner[len(self._inner_head) :].lstrip("\n")
+        return inner
 
 
 class TryAgain(_Attempts):
     """
     ## Description
     UFO (Unary Feedback as Observation): after a wrong answer the agent only hears ``feedback``
-    ("Incorrect. Please think again.") and answers the same task again, up to ``max_attempts`` times.
+    ("Incorrect. Please think again.") and answers the same task again, up to ``max_attempts`` times. The
+    feedback message also re-shows the new attempt's first observation, saying the task starts again
+    (``restate_task=False``: the feedback alone, UFO's exact message, for single-turn QA envs).
 
     ## Rewards
     ``success``: ``gamma ** t`` when the answer at attempt ``t`` (0-based) is right (UFO: gamma = 0.5,
     i.e. 1/2^t). ``repetition_penalty``: at the end, ``-repetition_lambda * (1 - E / T)`` with ``T`` the
-    answers given and ``E`` the distinct ones (whitespace-normalised, lower-cased). ``format``:
-    ``-format_penalty`` on every step the inner env flags as an invalid action (RAGEN uses 0.1).
+    answers given and ``E`` the distinct ones (normalised as exact match does, see ``normalise_answer``).
+    ``format``: ``-format_penalty`` on every step the inner env flags as an invalid action (0.1, the RAGEN
+    setting UFO trains with), so ``max_attempts`` turns without an answer (-0.5 with the defaults) never
+    beat as many identical wrong answers (``-repetition_lambda * (1 - 1/T)``, -0.4).
     Metrics: ``attempts``, ``success``, ``answers``, ``distinct_answer_fraction`` and the inner env's.
 
     ## Episode End
     Terminated on a right answer; truncated when ``max_attempts`` attempts were all wrong.
 
     ## Arguments
-    ``max_attempts`` (5), ``gamma`` (0.5), ``repetition_lambda`` (0.5), ``format_penalty`` (0.0),
-    ``feedback``, ``success_threshold`` (0.0, used when the env reports no verdict, see the module docstring).
+    ``max_attempts`` (5), ``gamma`` (0.5), ``repetition_lambda`` (0.5), ``format_penalty`` (0.1),
+    ``feedback``, ``success_threshold`` (0.0, used when the env reports no verdict, see the module docstring),
+    ``restate_task`` (True).
+
+    ## Version History
+    - v0: initial release. Re-shows the first observation after a wrong answer, format penalty 0.1 by
+      default, exact-match normalisation of repeated answers, feedback in ``render()``.
     """
 
     def __init__(
@@ -179,11 +221,14 @@ class TryAgain(_Attempts):
         max_attempts: int = 5,
         gamma: float = 0.5,
         repetition_lambda: float = 0.5,
-        format_penalty: float = 0.0,
+        format_penalty: float = 0.1,
         feedback: str = "Incorrect. Please think again.",
         success_threshold: float = 0.0,
+        restate_task: bool = True,
     ) -> None:
-        super().__init__(env, max_attempts, success_threshold)
+        super().__init__(env, max_attempts, success_threshold, restate_task)
+        if format_penalty < 0:
+            raise ValueError(f"format_penalty must be >= 0, got {format_penalty}")
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {gamma}")
         self.gamma = gamma
@@ -210,7 +255,8 @@ class MultiAttempt(_Attempts):
     ## Description
     Multi-attempt RL: the agent is told it has ``N`` attempts (``N`` drawn uniformly from
     ``1..max_attempts`` per episode, or fixed with ``attempts=N``). After a wrong answer it hears "Your
-    answer is incorrect. You have K attempts left. Try an alternative." and tries again.
+    answer is incorrect. You have K attempts left. Try an alternative." and tries again; the message also
+    re-shows the new attempt's first observation (``restate_task``, as in ``TryAgain``).
 
     ## Rewards
     At the end only: ``+discount ** t`` for a right answer at attempt ``t`` (0-based; discount 1.0 = none),
@@ -221,7 +267,8 @@ class MultiAttempt(_Attempts):
 
     ## Arguments
     ``max_attempts`` (5), ``attempts`` (None: random per episode), ``discount`` (1.0),
-    ``wrong_answer_reward`` (-0.5), ``no_answer_reward`` (-1.0), ``success_threshold`` (0.0).
+    ``wrong_answer_reward`` (-0.5), ``no_answer_reward`` (-1.0), ``success_threshold`` (0.0),
+    ``restate_task`` (True).
     """
 
     _ends_by_termination = True
@@ -235,8 +282,9 @@ class MultiAttempt(_Attempts):
         wrong_answer_reward: float = -0.5,
         no_answer_reward: float = -1.0,
         success_threshold: float = 0.0,
+        restate_task: bool = True,
     ) -> None:
-        super().__init__(env, max_attempts if attempts is None else attempts, success_threshold)
+        super().__init__(env, max_attempts if attempts is None else attempts, success_threshold, restate_task)
         if attempts is not None and attempts < 1:
             raise ValueError(f"attempts must be at least 1, got {attempts}")
         self.fixed_attempts = attempts

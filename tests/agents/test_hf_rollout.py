@@ -271,5 +271,27 @@ def test_try_again_wraps_a_registered_env_for_the_rollout_engine(make_tiny_polic
     assert trajectory.error is None and trajectory.end_reason in ("terminated", "truncated")
     assert len(trajectory.turns) <= 3
     if trajectory.truncated:  # three lost games: unary feedback after the first two
-        assert [turn.observation for turn in trajectory.turns[:2]] == ["Incorrect. Please think again."] * 2
+        assert all(turn.observation.startswith("Incorrect. Please think again.") for turn in trajectory.turns[:2])
     assert_token_bookkeeping(trajectory, policy)
+
+
+@pytest.mark.parametrize("max_new_tokens", [2, 6])  # the exact path (canonical logits), the cached one
+def test_each_request_samples_the_same_tokens_and_log_probs_in_any_batch(make_tiny_policy, max_new_tokens: int) -> None:
+    # Batch composition follows thread timing: a request's tokens and recorded log-probs must not depend on it.
+    policy = make_tiny_policy(temperature=1.0, top_p=0.95, max_new_tokens=max_new_tokens, seed=3)
+    generator = torch.Generator().manual_seed(0)
+    lengths = [5, 31, 32, 40, 63, 64, 65, 120]  # around the padding multiple, so rows share or split buckets
+    requests = [
+        GenerationRequest(messages=[], prompt_ids=torch.randint(0, 1000, (n,), generator=generator).tolist(),
+                          metadata={"seed": 7, "group_index": i, "turn": 0})
+        for i, n in enumerate(lengths)
+    ]  # fmt: skip
+    alone = [policy.generate([request])[0] for request in requests]
+    for order in ([7, 6, 5, 4, 3, 2, 1, 0], [2, 3], [4, 0, 5]):
+        together = policy.generate([requests[i] for i in order])
+        assert [(c.token_ids, c.logprobs) for c in together] == [(alone[i].token_ids, alone[i].logprobs) for i in order]
+    # The draw is named by (policy seed, episode seed, group, turn): another turn or another policy seed, other tokens.
+    later = GenerationRequest(messages=[], prompt_ids=requests[0].prompt_ids, metadata={"seed": 7, "group_index": 0, "turn": 1})
+    reseeded = make_tiny_policy(temperature=1.0, top_p=0.95, max_new_tokens=max_new_tokens, seed=4)
+    assert policy.generate([later])[0].token_ids != alone[0].token_ids
+    assert reseeded.generate([requests[0]])[0].token_ids != alone[0].token_ids

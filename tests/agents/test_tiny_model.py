@@ -6,6 +6,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
@@ -13,14 +14,20 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rl_llm.agents.tiny import (
     MARKER_FILE,
+    RECIPE_VERSION,
     TinyModelSpec,
     _is_built,
     default_tiny_model_path,
+    recipe_of,
     resolve_model,
     tiny_model,
 )
 from rl_llm.envs import registration
 from tests.conftest import hostile_text
+
+# Recipe 1's vocabulary size and the ids of one bandit line (see test_pinned_recipe_fingerprint).
+PINNED_VOCAB = 2003
+PINNED_IDS = [356, 223, 19, 311, 223, 22, 16, 420, 301, 533, 307, 301, 32]
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +87,29 @@ def test_resolve_model_maps_only_tiny_to_the_built_directory(tiny_model_dir: Pat
     assert resolve_model(Path("/models/x")) == Path("/models/x")
 
 
-def test_the_cache_is_stale_once_the_registered_environments_change(tiny_model_dir: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    # The tokenizer is trained on the text of every registered env: another set of envs, another tokenizer.
+def test_the_model_depends_on_the_recipe_not_on_the_registered_environments(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Registering an environment (or losing one to a missing optional dependency) changes neither the cache
+    # key nor a fresh build: the tokenizer corpus ships with the package and the weights come from a seed.
     assert _is_built(tiny_model_dir, TinyModelSpec())
-    registered = registration.env_ids()
-    monkeypatch.setattr(registration, "env_ids", lambda: [*registered, "rl-llm/Added-v0"])
-    assert not _is_built(tiny_model_dir, TinyModelSpec())
+    assert recipe_of(tiny_model_dir)["recipe_version"] == RECIPE_VERSION
+    monkeypatch.setattr(registration, "env_ids", lambda: ["rl-llm/Added-v0"])
+    assert _is_built(tiny_model_dir, TinyModelSpec())
+    fresh = tiny_model(tmp_path / "fresh")
+    assert (fresh / "tokenizer.json").read_text() == (tiny_model_dir / "tokenizer.json").read_text()
+    cached = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    rebuilt = AutoModelForCausalLM.from_pretrained(fresh).state_dict()
+    assert cached.keys() == rebuilt.keys()
+    assert all(torch.equal(cached[name], rebuilt[name]) for name in cached)
+    assert not _is_built(tiny_model_dir, TinyModelSpec(seed=1))
+
+
+def test_pinned_recipe_fingerprint(tokenizer) -> None:
+    # Recipe 1's tokenizer, pinned: if this changes, the recipe changed and RECIPE_VERSION must be bumped.
+    assert RECIPE_VERSION == 1
+    assert len(tokenizer) == PINNED_VOCAB
+    assert tokenizer.encode("Pull 1 of 4. <action>B</action>", add_special_tokens=False) == PINNED_IDS
 
 
 def test_other_settings_build_a_llama_and_a_foreign_directory_is_refused(tmp_path: Path) -> None:
@@ -104,6 +127,6 @@ def test_other_settings_build_a_llama_and_a_foreign_directory_is_refused(tmp_pat
 
 def test_default_path_is_in_the_rl_llm_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("RL_LLM_CACHE", str(tmp_path))
-    assert default_tiny_model_path() == tmp_path / "tiny-qwen2"
+    assert default_tiny_model_path() == tmp_path / f"tiny-qwen2-r{RECIPE_VERSION}"
     monkeypatch.delenv("RL_LLM_CACHE")
-    assert default_tiny_model_path() == Path.home() / ".cache" / "rl-llm" / "tiny-qwen2"
+    assert default_tiny_model_path() == Path.home() / ".cache" / "rl-llm" / f"tiny-qwen2-r{RECIPE_VERSION}"

@@ -21,7 +21,8 @@ import pytest
 from rl_llm.agents import make_policy, vllm_backend
 from rl_llm.agents.llm import SamplingParams
 from rl_llm.agents.rollout import collect
-from rl_llm.agents.vllm_backend import VLLMServerPolicy, vllm_import_error
+from rl_llm.agents.vllm_backend import vllm_import_error
+from rl_llm.agents.vllm_server import VLLMServerPolicy
 from tests.agents.stub_servers import CompletionsStub
 from tests.agents.trajectory_checks import assert_logprobs_match_forward_pass, assert_token_bookkeeping
 
@@ -101,8 +102,12 @@ def stand_in_vllm(monkeypatch: pytest.MonkeyPatch, engine_options: list[str], wo
     fake.LLM = LLM
     sampling = types.ModuleType("vllm.sampling_params")
     sampling.RequestOutputKind = SimpleNamespace(FINAL_ONLY="final-only")
+    platforms = types.ModuleType("vllm.platforms")  # a GPU platform with sleep mode
+    platforms.current_platform = SimpleNamespace(is_sleep_mode_available=lambda: True, is_cpu=lambda: False,
+                                                 device_name="cuda")  # fmt: skip
     monkeypatch.setitem(sys.modules, "vllm", fake)
     monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
     return calls
 
 
@@ -112,20 +117,25 @@ def test_engine_options_and_weights_shipped_to_an_engine_in_another_process(
 ) -> None:
     import torch
 
-    class VLLMStyleModel:  # vLLM models take their weights as (name, tensor) pairs
+    class VLLMStyleWorker:  # vLLM workers reload weights given as (name, tensor) pairs
         def __init__(self, module: torch.nn.Module) -> None:
+            self.device = torch.device("cpu")
             self.parameters = dict(module.named_parameters())
+            self.reloads: list[list[str]] = []
 
-        def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        def reload_weights(self, weights_iterator: Any, is_checkpoint_format: bool) -> None:
+            assert is_checkpoint_format
+            self.reloads.append([])
             with torch.no_grad():
-                for name, tensor in weights:
+                for name, tensor in weights_iterator:
                     self.parameters[name].copy_(tensor)
+                    self.reloads[-1].append(name)
 
     source, target = make_tiny_policy().model, make_tiny_policy().model
     with torch.no_grad():
         for parameter in target.parameters():
             parameter.zero_()
-    worker = SimpleNamespace(device=torch.device("cpu"), model_runner=SimpleNamespace(model=VLLMStyleModel(target)))
+    worker = VLLMStyleWorker(target)
     options = ["model", "seed", "gpu_memory_utilization", "dtype", "enable_sleep_mode", "max_model_len"]
     if vllm_version == "current":
         options += ["logprobs_mode", "worker_extension_cls"]
@@ -147,6 +157,10 @@ def test_engine_options_and_weights_shipped_to_an_engine_in_another_process(
     assert len(shipped) > 1 and calls[-1] == ("reset_prefix_cache", None) and policy.policy_version == 1
     for (name, expected), loaded in zip(source.named_parameters(), target.parameters(), strict=True):
         assert torch.equal(expected, loaded), name
+    # vLLM reloads layer by layer: a transformer block never straddles two calls
+    blocks = [{vllm_backend._layer_of(name) for name in names} for names in worker.reloads]
+    assert all(not (a & b) for i, a in enumerate(blocks) for b in blocks[i + 1 :])
+    assert vllm_backend._layer_of("model.layers.3.self_attn.q_proj.weight") == "model.layers.3"
 
 
 def test_without_vllm_the_engine_backends_say_how_to_get_it() -> None:

@@ -122,3 +122,13 @@ def test_envs_starting_together_on_a_fresh_cache_share_one_build(tmp_path: Path)
         list(pool.map(lambda _: write_jsonl(records, tmp_path / "corpus.jsonl"), range(16)))
     assert len(load_corpus(tmp_path / "corpus.jsonl")) == 200
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")] == []
+
+
+def test_searching_a_multi_hop_question_verbatim_skips_no_hop(bundle, bm25) -> None:
+    """Issue 16: 12/150 two-hop and 12/150 three-hop questions of KB format 2 showed the final hop's passage
+    to a verbatim search of the question, so "k hops need k searches" (the OTC optimum) was wrong for them."""
+    multi_hop = [q for q in bundle.search_questions if q.optimal_tool_calls > 1]
+    results = bm25.search_batch([q.question for q in multi_hop], k=3)
+    for question, hits in zip(multi_hop, results):
+        shown = {hit.passage.title for hit in hits}
+        assert not shown & set(question.oracle_queries[1:]), question.question

@@ -10,6 +10,7 @@ import pytest
 
 import rl_llm  # noqa: F401
 from rl_llm.agents.baselines.search import SearchOracle
+from rl_llm.envs.knowledge import bundled_kb
 from rl_llm.envs.search.protocols import (
     is_valid_search_r1_sequence,
     last_boxed,
@@ -163,3 +164,57 @@ def test_arguments_are_checked() -> None:
     assert all(task.optimal_tool_calls == 3 for task in env.unwrapped.tasks)
     with pytest.raises(ValueError, match="task_index"):
         env.reset(options={"task_index": 10_000})
+
+
+def _play_turns(env: gym.Env, index: int, turns: list[str]) -> float:
+    env.reset(options={"task_index": index})
+    total = 0.0
+    for turn in turns:
+        _, reward, terminated, truncated, _ = env.step(turn)
+        total += reward
+        if terminated or truncated:
+            break
+    return total
+
+
+def test_r1_searcher_think_rule_holds_per_turn_in_a_chat() -> None:
+    """Issue 16: counting <think> over the whole episode made thinking in every turn (as the prompt asks)
+    cost 2 points, while one think held open across turns scored full marks."""
+    env = gym.make("rl-llm/Search-v0", protocol="r1_searcher", reward="r1_searcher_stage2").unwrapped
+    assert "Start every turn with <think>" in env.reset(options={"task_index": 0})[1]["system_prompt"]
+    index = next(i for i, t in enumerate(env.tasks) if t.optimal_tool_calls == 2)
+    task = env.tasks[index]
+    q_open, q_close = env.protocol.search_tags
+    per_turn = [f"<think> look up {q} </think>\n{q_open} {q} {q_close}" for q in task.oracle_queries]
+    per_turn.append(f"<think> done </think>\n\n<answer> {task.answers[0]} </answer>")
+    assert _play_turns(env, index, per_turn) == 1.0
+    held_open = [f"<think> look up {task.oracle_queries[0]} {q_open} {task.oracle_queries[0]} {q_close}",
+                 f"{q_open} {task.oracle_queries[1]} {q_close}", f"done </think>\n\n<answer> {task.answers[0]} </answer>"]  # fmt: skip
+    assert _play_turns(env, index, held_open) == -1.0, "a turn without its own </think> breaks the per-turn rule"
+    stage1 = gym.make("rl-llm/Search-v0", protocol="r1_searcher", reward="r1_searcher_stage1").unwrapped
+    assert _play_turns(stage1, index, per_turn) == 2.0
+    assert _play_turns(stage1, index, held_open) == 1.5
+    # Without turns the paper's single-sequence rule applies: one prefilled think across the retrievals.
+    docs = "\n\n<|begin_of_documents|>\n(1)Radium: discovered by Marie Curie\n<|end_of_documents|>\n\n"
+    single = f"<think> q <|begin_of_query|> radium <|end_of_query|>{docs}so </think>\n\n<answer> Marie Curie </answer>"
+    assert r1_searcher_stage1(single, "Marie Curie", GOLD) == 2.0
+    assert r1_searcher_stage1(single, "Marie Curie", GOLD, turns=[single]) == 2.0
+
+
+def test_stage1_cover_em_takes_a_list_unless_the_answer_length_rule_is_on() -> None:
+    countries = " ".join(p.title for p in bundled_kb(0).passages if p.id.startswith("country"))
+    assert len(countries.split()) == 8
+    plain = gym.make("rl-llm/Search-v0", protocol="r1_searcher", reward="r1_searcher_stage1").unwrapped
+    short = gym.make("rl-llm/Search-v0", protocol="r1_searcher", reward="r1_searcher_stage1", max_answer_words=3)
+    index = next(i for i, t in enumerate(plain.tasks) if "which country" in t.question.lower())
+    task = plain.tasks[index]
+    q_open, q_close = plain.protocol.search_tags
+    searches = [f"<think> look up {q} </think>\n{q_open} {q} {q_close}" for q in task.oracle_queries]
+    listing = [*searches, f"<think> all of them </think>\n\n<answer> {countries} </answer>"]
+    wrong = [*searches, "<think> guess </think>\n\n<answer> Atlantis </answer>"]
+    oracle = [*searches, f"<think> found </think>\n\n<answer> {task.answers[0]} </answer>"]
+    assert _play_turns(plain, index, listing) == _play_turns(plain, index, oracle) == 2.0  # R1-Searcher's cover-EM
+    assert _play_turns(short.unwrapped, index, listing) == _play_turns(short.unwrapped, index, wrong) == 0.0
+    assert _play_turns(short.unwrapped, index, oracle) == 2.0
+    with pytest.raises(ValueError, match="max_answer_words"):
+        gym.make("rl-llm/Search-v0", reward="em", max_answer_words=3)

@@ -44,12 +44,24 @@ def test_prisoners_dilemma_is_a_dilemma_and_the_others_are_not() -> None:
     assert dare.temptation > dare.reward > dare.sucker > dare.punishment
 
 
-def test_choice_parsing_needs_exactly_one_tag() -> None:
+def test_choice_parsing_takes_the_last_tag() -> None:
     assert parse_choice("<A>") == ("A", None)
     assert parse_choice("thinking... <B> <B>") == ("B", None)
-    assert parse_choice("<A> or <B>")[0] is None
+    # Reasoning that mentions a tag does not commit it: the move is the last tag of the reply.
+    assert parse_choice("If I play <B> they retaliate, so <A>") == ("A", None)
+    assert parse_choice("<A> or <B>? I defect: <B>") == ("B", None)
     assert parse_choice("A")[0] is None
     assert parse_choice("<a>")[0] is None
+
+
+def test_matrix_games_do_not_stop_at_the_first_tag_and_say_the_last_counts() -> None:
+    # Before: stop strings <A>/<B> ended generation at the first mention while the rules invited free text.
+    for module in (prisoners_dilemma_v0, stag_hunt_v0, chicken_v0):
+        env = module.parallel_env(num_rounds=1)
+        observations, infos = env.reset(seed=0)
+        assert infos[P0]["stop"] == [] and "only the last <A> or <B> in your reply counts" in observations[P0]
+        _, rewards, *_ = env.step(both("Defecting with <B> is tempting, but I cooperate. <A>", "<A>"))
+        assert rewards == {P0: module.PAYOFFS.reward, P1: module.PAYOFFS.reward}
 
 
 def test_invalid_move_gets_feedback_then_the_default_and_the_other_move_stays_locked() -> None:
@@ -60,7 +72,7 @@ def test_invalid_move_gets_feedback_then_the_default_and_the_other_move_stays_lo
     assert "Invalid action" in observations[P1] and "2 more invalid tries" in observations[P1]
     assert infos[P1]["invalid_action"] and infos[P1]["active"]
     assert not infos[P0]["active"] and "Waiting" in observations[P0]
-    env.step(both("<B> (ignored: the A is locked in)", "<A> and <B>"))
+    env.step(both("<B> (ignored: the A is locked in)", "A and B, untagged"))
     observations, rewards, _, _, infos = env.step(both("<B>", "still nothing"))
     # Third invalid try in a row: the default B is played against the locked-in A.
     assert rewards == {P0: 0.0, P1: 5.0}
@@ -308,3 +320,28 @@ def test_tictactoe_draw_pays_zero() -> None:
 def test_load_rejects_unknown_games() -> None:
     with pytest.raises(ValueError, match="unknown social game"):
         load("poker_v0")
+
+
+@pytest.mark.parametrize("make", [lambda **kw: split_v0.parallel_env(num_rounds=10, **kw),
+                                  lambda **kw: tas.parallel_env(variant="classic", num_rounds=10, **kw)])
+def test_values_are_resampled_until_both_totals_are_equal(make) -> None:
+    # The paper's simulator (same_round_value, on in its Split config) redraws until the totals match.
+    def totals(env) -> set[tuple[float, float]]:
+        seen = set()
+        for seed in range(6):
+            env.reset(seed=seed)
+            for _ in range(env.num_rounds):
+                seen.add(tuple(sum(env.values[agent].values()) for agent in AGENTS))
+                env._new_round()  # draw the next round's values without playing it
+        return seen
+
+    assert all(mine == theirs for mine, theirs in totals(make()))
+    assert any(mine != theirs for mine, theirs in totals(make(equal_totals=False)))
+
+
+def test_split_values_still_conflict_on_an_item_with_equal_totals() -> None:
+    env = split_v0.parallel_env(num_rounds=1)
+    for seed in range(30):
+        env.reset(seed=seed)
+        assert env.values[P0] != env.values[P1]
+    assert env.task_name == "split_v0-r1" and split_v0.parallel_env(equal_totals=False).task_name.endswith("-unequal")

@@ -81,15 +81,15 @@ def test_oracle_in_batches_sharing_a_sandbox_pool() -> None:
 
 # -- protocol ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("turn", "expected"), [
-    ("<command>ls</command>", ("command", "ls")),
-    ("<think>hmm</think><command>echo a</command> then <command>echo b</command>", ("command", "echo b")),
-    ("<command>ls</command><action>done</action>", ("done", "")),
-    ("<action>done</action><command>ls</command>", ("command", "ls")),
-    ("<action>DONE</action>", ("done", "")),
-    ("<command></command>", ("command", "")),
+    ("<command>ls</command>", ("ls", False)),
+    ("<think>hmm</think><command>echo a</command> then <command>echo b</command>", ("echo b", False)),
+    ("<command>ls</command><action>done</action>", ("ls", True)),
+    ("<action>done</action><command>ls</command>", ("ls", True)),
+    ("<action>DONE</action>", (None, True)),
+    ("<command></command>", ("", False)), ("<command> </command><action>done</action>", (None, True)),
     ("<action>quit</action>", None), ("<command>ls", None), ("just text", None),
 ])
-def test_parse_turn(turn: str, expected: tuple[str, str] | None) -> None:
+def test_parse_turn(turn: str, expected: tuple[str | None, bool] | None) -> None:
     assert parse_turn(turn) == expected
 
 

@@ -72,3 +72,19 @@ def test_pods_matches_brute_force(rewards: list[float], keep: int) -> None:
 def test_pods_select_works_per_group() -> None:
     chosen = pods_select([0, 1, 1, 1, 5, 5], ["a", "a", "a", "a", "b", "b"], keep=2)
     assert chosen[-2:] == [4, 5] and len(chosen) == 4 and 0 in chosen
+
+
+@pytest.mark.parametrize("variant", ["grpo", "ppo"])
+def test_otc_never_makes_a_wrong_answer_cheaper(variant: str) -> None:
+    # Issue 15: a wrong answer (reward -1) with 6 calls scored -0.71, better than -0.87 with 1 call. Penalties
+    # are not scaled by tool efficiency; only a positive task reward is (the paper's multiplicative form).
+    otc = OTCTransform(variant, alpha=1.0, c=1.0)
+    rewards = [1.0, -1.0, -1.0, 0.0, 1.0]
+    calls = [1, 6, 1, 3, 4]
+    out = otc(rewards, calls, ["a"] * 5, correct=[True, False, False, False, True])
+    assert out[1] == out[2] == -1.0 and out[3] == 0.0
+    assert out[0] >= out[4] and 0.0 < out[4] < 1.0  # more calls than needed: a smaller positive reward
+    # Whatever the calls, a transformed reward is never above the untransformed one.
+    for m in range(8):
+        for reward in (-2.0, -0.5, 0.0, 0.3, 1.0):
+            assert otc([1.0, reward], [1, m], ["b", "b"], correct=[True, None])[1] <= reward

@@ -25,21 +25,25 @@ class StandInEngine:
     def __init__(self, wrapped: Any = None) -> None:
         self.wrapped = wrapped
         self.calls: list[str] = []
-        self.awake = True
+        self.awake = self.weights_awake = True
         self._version = 0
 
     def sleep(self) -> None:
         assert self.awake, "sleep() on a sleeping engine"
-        self.awake = False
+        self.awake = self.weights_awake = False
         self.calls.append("sleep")
 
-    def wake_up(self) -> None:
+    def wake_up(self, tags: list[str] | None = None) -> None:
         assert not self.awake, "wake_up() on an awake engine"
-        self.awake = True
-        self.calls.append("wake")
+        if tags == ["weights"]:  # split wake-up: the weights' memory first, then the KV cache
+            self.weights_awake = True
+            self.calls.append("wake weights")
+            return
+        self.awake = self.weights_awake = True
+        self.calls.append("wake" if tags is None else "wake " + " ".join(tags))
 
     def load_weights(self, named: Any) -> None:
-        assert self.awake, "load_weights() on a sleeping engine"
+        assert self.awake or self.weights_awake, "load_weights() on a sleeping engine"
         list(named)
         self.calls.append("load")
         self.mark_updated()
@@ -74,7 +78,7 @@ def test_a_step_without_push_leaves_the_engine_awake_for_the_next_rollout() -> N
     sync.before_rollout()  # already awake: no second wake
     # A push on an awake engine (a resumed run) only loads.
     assert sync.push(model) == 2
-    assert engine.calls == ["sleep", "wake", "sleep", "wake", "load", "load"]
+    assert engine.calls == ["sleep", "wake", "sleep", "wake weights", "load", "wake kv_cache", "load"]
 
 
 def test_without_sleep_mode_the_engine_is_never_slept_or_woken() -> None:
@@ -119,4 +123,4 @@ def test_every_rollout_of_a_ppo_run_with_critic_warmup_finds_the_engine_awake(
     assert [name for name, _ in generations] == ["eval", "collect", "eval", "collect", "eval", "collect", "eval"]
     assert all(awake for _, awake in generations), generations
     # Two warm-up steps without a push, then one push; the final eval needs no further wake.
-    assert engine.calls == ["sleep", "wake", "sleep", "wake", "sleep", "wake", "load"]
+    assert engine.calls == ["sleep", "wake", "sleep", "wake", "sleep", "wake weights", "load", "wake kv_cache"]

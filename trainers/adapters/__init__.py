@@ -6,8 +6,14 @@
 - ``trl``: ``EnvRollout``, a ``rollout_func`` for TRL's ``GRPOTrainer``.
 - ``verl``: ``RLLMAgentLoop``, a verl agent loop (``configs/verl/``).
 - ``rl_llm.agents.ray_pool.RayEnvPool``: envs on Ray actors, usable wherever an env factory is.
+- ``openenv``: any env served by openenv-core's ``create_app`` (``python -m rl_llm.trainers.adapters.openenv``).
+- ``trl_env``: ToolCalls / Search / TextToSQL / Terminal as TRL ``environment_factory`` classes (tools = methods).
+- ``skyrl``: every env as a skyrl-gym ``BaseTextEnv`` (``register_skyrl_envs``).
+- ``verifiers_env``: ``load_environment(env_id, **kwargs)``, a verifiers ``MultiTurnEnv``.
+- ``social_seat``: one seat of a social game as a single-agent env (``social/<game>`` ids in the adapters).
 
-Importing this package needs none of the optional extras (fastapi, ray, trl, verl).
+Importing this package needs none of the optional extras (fastapi, ray, trl, verl, openenv-core, skyrl-gym,
+verifiers).
 """
 
 from rl_llm.trainers.adapters.generic import EnvFactory, MessageEnv

@@ -116,7 +116,13 @@ class EnvRollout:
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         from rl_llm.agents.rollout import EpisodeJob, RolloutEngine
 
-        jobs = [EpisodeJob(seed=seed, options=options) for seed, options in map(task_of, prompts)]
+        # TRL repeats each prompt num_generations times: number the repeats, so each is its own group member.
+        repeats: dict[str, int] = {}
+        jobs = []
+        for seed, options in map(task_of, prompts):
+            key = json.dumps([seed, options], sort_keys=True, default=str)
+            repeats[key] = repeats.get(key, -1) + 1
+            jobs.append(EpisodeJob(seed=seed, options=options, group_index=repeats[key]))
         engine = RolloutEngine(self.policy_for(trainer), self.env_factory, max_new_tokens=self.max_new_tokens, **self.engine_options)
         trajectories = self.last_trajectories = engine.run(jobs)
         output: dict[str, list[Any]] = {key: [] for key in ("prompt_ids", "completion_ids", "env_mask", "logprobs")}

@@ -1,0 +1,255 @@
+"""An OpenAI-compatible vLLM server: the client ``VLLMServerPolicy`` and the launcher ``VLLMServer``.
+
+Specs: ``vllm:http://HOST:PORT#MODEL`` (a running server), ``vllm-serve:MODEL`` (a server started by rl-llm on
+a free local port, stopped on ``close()``).
+
+``VLLMServerPolicy`` speaks vLLM's ``/v1/completions`` with the prompt as token ids,
+``return_tokens_as_token_ids`` and ``logprobs``, so it is token-in, token-out; it needs the model's
+tokenizer locally (for the chat template). It imports nothing from vLLM. A server returns log-probs at the
+sampling temperature only when started with ``--logprobs-mode processed_logprobs`` (``launch`` does that);
+for one started otherwise pass ``raw_logprobs=True``. Penalties are sent as their no-op values, so the
+server does not apply the defaults of the model's ``generation_config``. The served context window (from
+``/v1/models``) becomes ``max_context_tokens``, so the rollout engine ends an episode there (truncated).
+
+``VLLMServer`` runs ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` fails at start under
+vLLM's CPU build); on a machine without CUDA it bounds the KV cache (``CPU_KV_CACHE_BYTES``), since vLLM's
+memory share there is of host RAM. ``weight_sync=True`` readies it for ``rl_llm.trainers.server_sync``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rl_llm.agents.aio import run_sync
+from rl_llm.agents.http_client import RetryingJSONClient, require
+from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams
+from rl_llm.agents.policy import Completion
+from rl_llm.agents.vllm_backend import _load_tokenizer, engine_arg_names, require_vllm
+
+#: The KV cache of a server started on a machine without a GPU (vLLM would otherwise take 90% of host RAM).
+CPU_KV_CACHE_BYTES = 1 << 30
+
+
+class VLLMServerPolicy(LLMPolicy):
+    """Token-in, token-out generation through a vLLM server's ``/v1/completions``."""
+
+    name = "vllm-server"
+    concurrent = True
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        tokenizer: Any = None,
+        sampling: SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        timeout_s: float = 600.0,
+        max_retries: int = 2,
+        max_concurrency: int = 256,
+        raw_logprobs: bool = False,
+        server: VLLMServer | None = None,
+    ) -> None:
+        super().__init__(sampling, stop)
+        self.raw_logprobs = raw_logprobs
+        base_url = base_url.rstrip("/")
+        if not base_url.endswith("/v1"):
+            base_url += "/v1"
+        self.base_url = base_url
+        self.model_name = model
+        self.name = f"vllm:{base_url}#{model}"
+        self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(model)
+        self.client = RetryingJSONClient(
+            base_url, timeout_s=timeout_s, max_retries=max_retries, max_concurrency=max_concurrency
+        )
+        self.server = server
+        # The served context window bounds each episode (the rollout engine ends it there, as truncated).
+        context = _served_context_length(base_url, model)
+        if context is not None:
+            self.max_context_tokens = context
+
+    @classmethod
+    def launch(cls, model: str | Path, *, server_args: Sequence[str] = (), server_options: Mapping[str, Any] | None = None,
+               **options: Any) -> VLLMServerPolicy:  # fmt: skip
+        """Start a vLLM server of ``model`` (``tiny``: the local tiny model) on a free local port and connect to
+        it; ``close()`` stops it. ``server_options``: keyword arguments of ``VLLMServer``."""
+        from rl_llm.agents.tiny import resolve_model
+
+        model = str(resolve_model(model))
+        server = VLLMServer(model, extra_args=server_args, **dict(server_options or {}))
+        try:
+            return cls(server.url, model, server=server, raw_logprobs=server.raw_logprobs, **options)
+        except BaseException:
+            server.close()
+            raise
+
+    async def agenerate(self, request: GenerationRequest) -> Completion:
+        params = self.sampling
+        body = {
+            "model": self.model_name,
+            "prompt": self.prompt_ids(request),
+            "max_tokens": self.max_new_tokens(request),
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k if params.top_k > 0 else -1,
+            # explicit no-ops: left out, the server would take them from the model's generation_config
+            "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+            "stop": list(request.stop),
+            "include_stop_str_in_output": True,
+            "skip_special_tokens": True,
+            "logprobs": 1,
+            "return_tokens_as_token_ids": True,
+        }
+        return await self.client.post("/completions", body, self._parse)
+
+    def _parse(self, data: Any) -> Completion:
+        require(isinstance(data, dict) and isinstance(data.get("choices"), list) and data["choices"], "no 'choices'")
+        choice = data["choices"][0]
+        logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+        require(isinstance(logprobs, dict), "choices[0] has no 'logprobs' object (is this a vLLM server?)")
+        tokens, values = logprobs.get("tokens"), logprobs.get("token_logprobs")
+        require(isinstance(tokens, list) and isinstance(values, list) and len(tokens) == len(values),
+                "logprobs.tokens and logprobs.token_logprobs must be lists of equal length")  # fmt: skip
+        token_ids = [_token_id(token) for token in tokens]
+        finish = choice.get("finish_reason")
+        return Completion(self.decode(token_ids), token_ids, [float(v) for v in values], finish)
+
+    def close(self) -> None:
+        run_sync(self.client.aclose())
+        if self.server is not None:
+            self.server.close()
+        super().close()
+
+
+def _served_context_length(base_url: str, model: str) -> int | None:
+    """``max_model_len`` of ``model`` from the server's ``/v1/models`` (vLLM lists it); None when not given."""
+    try:
+        response = httpx.get(f"{base_url}/models", timeout=10)
+        entries = response.json().get("data", []) if response.status_code == 200 else []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("id") == model and isinstance(entry.get("max_model_len"), int):
+            return int(entry["max_model_len"])
+    return None
+
+
+def _token_id(token: Any) -> int:
+    require(isinstance(token, str) and token.startswith("token_id:"),
+            f"expected tokens as 'token_id:N' (return_tokens_as_token_ids), got {token!r}")  # fmt: skip
+    return int(token.removeprefix("token_id:"))
+
+
+class VLLMServer:
+    """vLLM's OpenAI-compatible server as a subprocess on 127.0.0.1; its log goes to ``log_path``.
+
+    It is started with ``--logprobs-mode processed_logprobs`` where vLLM has that option (0.10.2+), so its
+    log-probs follow the sampling temperature; ``raw_logprobs`` says when they do not. ``weight_sync=True``
+    makes it take weights from a trainer (``rl_llm.trainers.server_sync``): the worker extension
+    ``WeightReceiver`` and ``VLLM_SERVER_DEV_MODE=1`` (its ``/collective_rpc`` route), for this process only.
+    ``gpus``: ``CUDA_VISIBLE_DEVICES`` of the server (None: inherited); ``own_gpu`` says it was given devices
+    of its own. ``env``: more environment variables for it.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        port: int | None = None,
+        extra_args: Sequence[str] = (),
+        startup_timeout_s: float = 900.0,
+        log_path: str | Path | None = None,
+        weight_sync: bool = False,
+        gpus: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        vllm = require_vllm()
+        extra_args = list(extra_args)
+        if "logprobs_mode" in engine_arg_names(vllm) and "--logprobs-mode" not in extra_args:
+            extra_args = ["--logprobs-mode", "processed_logprobs", *extra_args]
+        environment = dict(os.environ)
+        # vLLM refuses requests with more than 4 stop strings by default; rl-llm's envs send up to 5 (ToolCalls-v0).
+        environment.setdefault("VLLM_MAX_STOP_STRINGS", "16")
+        if weight_sync:
+            from rl_llm.trainers.server_sync import WEIGHT_RECEIVER
+
+            extra_args += ["--worker-extension-cls", WEIGHT_RECEIVER]
+            environment["VLLM_SERVER_DEV_MODE"] = "1"
+        if gpus is not None:
+            environment["CUDA_VISIBLE_DEVICES"] = gpus
+        environment.update(env or {})
+        if not _has_cuda() and not {"--kv-cache-memory-bytes", "--gpu-memory-utilization"} & set(extra_args) and \
+                not environment.get("VLLM_CPU_KVCACHE_SPACE"):  # fmt: skip
+            # On CPU vLLM's memory share is of host RAM (0.9 by default): bound the KV cache instead.
+            extra_args += ["--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
+        self.own_gpu = bool(gpus and gpus.strip())
+        self.raw_logprobs = "processed_logprobs" not in extra_args
+        self.model = model
+        self.port = port or _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(log_path or Path.cwd() / f"vllm-server-{self.port}.log")
+        # The OpenAI-compatible server's own module, not the `vllm serve` CLI: the CLI looks up the version of a
+        # distribution named `vllm` and fails at start under vLLM's CPU build (distribution `vllm-cpu`).
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+                   "--host", "127.0.0.1", "--port", str(self.port), *extra_args]  # fmt: skip
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=environment)
+        try:
+            self._wait_until_healthy(startup_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_until_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the vLLM server exited with code {self.process.returncode} at start: "
+                                   f"{_log_tail(self.log_path)}")  # fmt: skip
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"the vLLM server did not become healthy within {timeout_s:g}s; see {self.log_path}")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    """The end of a server log, for an error message (the last error is what a person needs)."""
+    try:
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return f"see {path}"
+    return " | ".join(line.strip() for line in tail if line.strip()) + f" (log: {path})"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -1,0 +1,273 @@
+"""``rl-llm bench --agent``: suites, normalized scores, resuming, retries against a real HTTP server, and
+smoke-v1 against a real vLLM server of the tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rl_llm.agents.baselines import baselines_for
+from rl_llm.agents.bench import available_suites, load_suite, run_bench
+from rl_llm.agents.bench.episodes import jobs_for
+from rl_llm.agents.bench.runner import opponents_of
+from rl_llm.agents.bench.suite import parse_suite
+from rl_llm.envs.registration import env_ids
+from rl_llm.envs.social import GAMES
+
+TINY_SUITE = {  # two short bandit episodes: what the HTTP tests play
+    "name": "tiny",
+    "version": 1,
+    "envs": [{"key": "bandit", "env": "rl-llm/MultiArmedBandit-v0", "episodes": 2,
+              "kwargs": {"num_arms": 3, "horizon": 3, "reward_mode": "strategic"}}],
+}  # fmt: skip
+
+
+def quiet(line: str) -> None:
+    pass
+
+
+def episodes(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("bench-references")
+
+
+def test_every_environment_has_a_random_baseline() -> None:
+    for env in [*env_ids(), *GAMES]:
+        assert "random" in baselines_for(env), env
+
+
+def test_shipped_suites_load_and_name_real_baselines() -> None:
+    assert {"smoke-v1", "core-v1"} <= set(available_suites())
+    for name in ("smoke-v1", "core-v1"):
+        suite = load_suite(name)
+        assert suite.id == name and suite.envs
+        assert {entry.env for entry in suite.envs} >= {"rl-llm/TextToSQL-v0", "prisoners_dilemma_v0"}
+    with pytest.raises(ValueError, match="no baseline"):
+        parse_suite({**TINY_SUITE, "envs": [{**TINY_SUITE["envs"][0], "reference": "nope"}]})
+    with pytest.raises(ValueError, match="unknown environment"):
+        parse_suite({**TINY_SUITE, "envs": [{"key": "x", "env": "rl-llm/Nope-v0"}]})
+    with pytest.raises(ValueError, match="unknown suite"):
+        load_suite("nope-v9")
+
+
+@pytest.mark.parametrize("agent, expected", [("oracle", 1.0), ("random", 0.0)])
+def test_smoke_baselines_score_their_anchors(
+    agent: str, expected: float, tmp_path: Path, reference_cache: Path
+) -> None:
+    suite = load_suite("smoke-v1")
+    results = run_bench(suite, agent, tmp_path, reference_cache=reference_cache, log=quiet)
+    assert results["complete"] and results["suite"] == "smoke" and results["suite_version"] == 1
+    assert results["agent"] == agent and results["rl_llm_version"]
+    for entry in suite.envs:
+        row = results["envs"][entry.key]
+        assert row["episodes"] == row["planned"] == len(jobs_for(entry, opponents_of(entry)))
+        assert row["reference"] > row["random"], entry.key  # the suite must separate its anchors
+        assert row["normalized"] == pytest.approx(expected, abs=1e-9), entry.key
+        assert row["tokens"] == 0
+        assert (row["success_rate"] is None) == (entry.success is None)
+    assert results["aggregate"] == {"normalized": pytest.approx(expected), "envs": len(suite.envs)}
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    assert on_disk["envs"].keys() == results["envs"].keys()
+    table = (tmp_path / "results.md").read_text()
+    assert all(f"| {entry.key} |" in table for entry in suite.envs) and "aggregate" in table
+    assert (tmp_path / "normalized.png").stat().st_size > 0
+    ids = [record["id"] for record in episodes(tmp_path)]
+    assert len(ids) == len(set(ids)) == sum(row["planned"] for row in results["envs"].values())
+
+
+def test_resumed_run_equals_uninterrupted_one(tmp_path: Path, reference_cache: Path) -> None:
+    suite = load_suite("smoke-v1")
+    whole = run_bench(suite, "random", tmp_path / "whole", reference_cache=reference_cache, log=quiet)
+    parts = tmp_path / "parts"
+    first = run_bench(suite, "random", parts, max_episodes=7, reference_cache=reference_cache, log=quiet)
+    assert not first["complete"] and "episode limit" in first["stopped"] and len(episodes(parts)) == 7
+    with (parts / "episodes.jsonl").open("a") as handle:
+        handle.write('{"id": "sql-single/0", "episode_ret')  # a line cut short by a kill: dropped, replayed
+    resumed = run_bench(suite, "random", parts, reference_cache=reference_cache, log=quiet)
+    assert resumed["complete"]
+    key = lambda record: record["id"]  # noqa: E731
+    assert sorted(episodes(parts), key=key) == sorted(episodes(tmp_path / "whole"), key=key)
+    assert resumed["envs"] == whole["envs"] and resumed["aggregate"] == whole["aggregate"]
+    with pytest.raises(ValueError, match="holds a run of random"):
+        run_bench(suite, "oracle", parts, reference_cache=reference_cache, log=quiet)
+
+
+KILL_DRIVER = """
+import os, signal, sys
+from pathlib import Path
+from rl_llm.agents.bench import episodes, load_suite, run_bench
+
+appended, kill_after = [0], int(sys.argv[3])
+original = episodes.EpisodeLog.append
+
+def append(self, entry):
+    appended[0] += 1
+    if appended[0] > kill_after:  # die half way through writing this episode's line
+        with self.path.open("a") as handle:
+            handle.write('{"id": "' + entry["id"] + '", "epis')
+        os.kill(os.getpid(), signal.SIGKILL)
+    original(self, entry)
+
+episodes.EpisodeLog.append = append
+run_bench(load_suite("smoke-v1"), "random", Path(sys.argv[1]), reference_cache=Path(sys.argv[2]), log=print)
+"""
+
+
+def test_killed_process_resumes_without_duplicates_or_losses(tmp_path: Path, reference_cache: Path) -> None:
+    out = tmp_path / "run"
+    driver = tmp_path / "driver.py"
+    driver.write_text(KILL_DRIVER)
+    killed = subprocess.run(
+        [sys.executable, str(driver), str(out), str(reference_cache), "9"], capture_output=True
+    )
+    assert killed.returncode == -9, killed.stderr.decode()[-2000:]
+    assert len(episodes_text := (out / "episodes.jsonl").read_text().splitlines()) == 10
+    assert not episodes_text[-1].endswith("}")  # the torn line
+    suite = load_suite("smoke-v1")
+    resumed = run_bench(suite, "random", out, reference_cache=reference_cache, log=quiet)
+    whole = run_bench(suite, "random", tmp_path / "whole", reference_cache=reference_cache, log=quiet)
+    assert resumed["complete"]
+    assert sorted(map(json.dumps, episodes(out))) == sorted(map(json.dumps, episodes(tmp_path / "whole")))
+    assert resumed["envs"] == whole["envs"]
+
+
+class ChatServer:
+    """A real OpenAI-style HTTP server on 127.0.0.1: answers ``<action>A</action>`` to every chat request
+    after failing the first ones with the scripted statuses (429 with Retry-After, 5xx)."""
+
+    def __init__(self, failures: list[int]) -> None:
+        self.failures = list(failures)
+        self.statuses: list[int] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with lock:
+                    status = outer.failures.pop(0) if outer.failures else 200
+                    outer.statuses.append(status)
+                if status != 200:
+                    body = b'{"error": {"message": "slow down"}}'
+                    self.send_response(status)
+                    self.send_header("Retry-After", "0")
+                else:
+                    message = {"role": "assistant", "content": "<action>A"}  # the API drops the stop string
+                    body = json.dumps({"choices": [{"message": message, "finish_reason": "stop"}]}).encode()
+                    self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.spec = f"openai:http://127.0.0.1:{self.server.server_address[1]}/v1#stub-model"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def chat_server(request: pytest.FixtureRequest) -> Iterator[ChatServer]:
+    server = ChatServer(getattr(request, "param", []))
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("chat_server", [[429, 429, 503]], indirect=True)
+def test_http_agent_retries_429_and_5xx_with_backoff(chat_server: ChatServer, tmp_path: Path,
+                                                     reference_cache: Path) -> None:  # fmt: skip
+    suite = parse_suite(TINY_SUITE)
+    options = {"max_retries": 3, "backoff_s": 0.01}
+    results = run_bench(suite, chat_server.spec, tmp_path, concurrency=1, policy_options=options,
+                        reference_cache=reference_cache, log=quiet)  # fmt: skip
+    row = results["envs"]["bandit"]
+    assert results["complete"] and row["episodes"] == 2 and row["errors"] == 0
+    assert chat_server.statuses == [429, 429, 503] + [200] * 6  # 2 episodes x 3 pulls, after 3 refusals
+    assert row["invalid_action_rate"] == 0.0  # the restored stop string made every answer a valid pull
+    # no token ids from a chat API: 4 characters a token, per episode
+    assert row["tokens"] == 2 * math.ceil(3 * len("<action>A</action>") / 4) and row["tokens_estimated"]
+    assert len((tmp_path / "episodes.trajectories.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("chat_server", [[500] * 4], indirect=True)
+def test_failed_episodes_are_not_logged_and_run_again_on_resume(chat_server: ChatServer, tmp_path: Path,
+                                                                reference_cache: Path) -> None:  # fmt: skip
+    suite = parse_suite(TINY_SUITE)
+    options = {"max_retries": 1, "backoff_s": 0.01}
+    failed = run_bench(suite, chat_server.spec, tmp_path, concurrency=1, policy_options=options,
+                       reference_cache=reference_cache, log=quiet)  # fmt: skip
+    row = failed["envs"]["bandit"]
+    assert (
+        not failed["complete"] and row["errors"] == 2 and row["episodes"] == 0 and "500" in row["first_error"]
+    )
+    log = tmp_path / "episodes.jsonl"
+    assert not log.exists() or not log.read_text()  # nothing recorded as done
+    resumed = run_bench(suite, chat_server.spec, tmp_path, concurrency=1, policy_options=options,
+                        reference_cache=reference_cache, log=quiet)  # fmt: skip
+    assert resumed["complete"] and resumed["envs"]["bandit"]["episodes"] == 2
+
+
+def test_token_budget_stops_starting_episodes(
+    chat_server: ChatServer, tmp_path: Path, reference_cache: Path
+) -> None:
+    suite = parse_suite(TINY_SUITE)
+    results = run_bench(suite, chat_server.spec, tmp_path, concurrency=1, max_tokens_budget=10,
+                        reference_cache=reference_cache, log=quiet)  # fmt: skip
+    assert not results["complete"] and "token budget" in results["stopped"]
+    assert results["envs"]["bandit"]["episodes"] == 1 and results["tokens"] >= 10
+
+
+def test_cli_bench_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from rl_llm.cli import main
+
+    monkeypatch.setenv("RL_LLM_CACHE", str(tmp_path / "cache"))
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(json.dumps(TINY_SUITE))  # JSON is YAML
+    assert main(["bench", "--agent", "oracle", "--suite", str(suite), "--out", str(tmp_path / "run")]) == 0
+    assert "| bandit | 2/2 |" in capsys.readouterr().out
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["aggregate"]["normalized"] == 1.0
+    assert main(["bench", "--agent", "oracle", "--temperature", "0.5", "--suite", str(suite)]) == 2
+
+
+def test_smoke_suite_against_a_real_vllm_server(
+    vllm_server: Any, tmp_path: Path, reference_cache: Path
+) -> None:
+    from rl_llm.agents.rollout import read_trajectories
+
+    suite = load_suite("smoke-v1")
+    agent = f"vllm:{vllm_server.url}#{vllm_server.model}"
+    results = run_bench(suite, agent, tmp_path, concurrency=8, reference_cache=reference_cache, log=quiet,
+                        policy_options={"max_new_tokens": 24, "temperature": 1.0})  # fmt: skip
+    assert results["complete"], {key: row.get("first_error") for key, row in results["envs"].items()}
+    for key, row in results["envs"].items():
+        assert row["errors"] == 0 and row["episodes"] == row["planned"], key
+        assert math.isfinite(row["normalized"]) and row["tokens"] > 0 and not row["tokens_estimated"], key
+    single = [entry for entry in suite.envs if not entry.is_game]
+    trajectories = read_trajectories(tmp_path / "episodes.trajectories.jsonl")
+    assert len(trajectories) == sum(entry.episodes for entry in single)
+    assert {t.group_id for t in trajectories} == {f"{e.key}/{seed}" for e in single for seed in e.seeds}
+    assert sum(t.num_policy_tokens for t in trajectories) <= results["tokens"]
+    view = pytest.importorskip("rl_llm.view", reason="needs rl_llm.view (rl-llm view)")
+    assert view.write_view(tmp_path, tmp_path / "view.html", episodes=4, tokenizer=None).stat().st_size > 0

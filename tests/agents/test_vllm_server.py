@@ -1,0 +1,113 @@
+"""Real vLLM servers, real clients: ``rl-llm eval`` plays every registered single-agent environment to the end.
+
+One session server of the tiny model (``vllm_server`` in tests/conftest.py) answers both clients: ``openai:``
+(chat completions, text in and out) and ``vllm:URL#MODEL`` (``/v1/completions`` with token ids). Then
+``vllm-serve:`` starts a server of its own and stops it. The tiny model plays badly; what is checked is that
+every episode finishes without an error and the run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rl_llm.cli import main
+from rl_llm.envs.registration import env_ids
+
+# Short episodes: what is tested is the client/server round trip on each env's protocol, not the play (the
+# bandits' 50 turns would not fit the session server's 4096-token context with the tiny model's tokenizer).
+ENV_ARGS: dict[str, list[str]] = {
+    "rl-llm/MultiArmedBandit-v0": ["-k", "horizon=6"],
+    "rl-llm/ContextualBandit-v0": ["-k", "horizon=6"],
+    "rl-llm/Terminal-v0": ["-k", "max_turns=3", "-k", "command_timeout_s=5.0", "-k", "difficulty=1"],
+}
+
+
+def sandbox_problem() -> str | None:
+    from rl_llm.sandboxes.factory import resolve_backend
+
+    try:
+        resolve_backend("auto")
+    except Exception as error:  # SandboxUnavailable: no docker engine and no bubblewrap here
+        return str(error)
+    return None
+
+
+def play(env_id: str, agent: str, out: Path, episodes: int = 1, env_args: list[str] | None = None) -> list[dict[str, Any]]:
+    if env_id == "rl-llm/Terminal-v0" and (problem := sandbox_problem()) is not None:
+        pytest.skip(f"Terminal-v0 needs a sandbox (docker or bubblewrap): {problem}")
+    env_args = ENV_ARGS.get(env_id, []) if env_args is None else env_args
+    argv = ["eval", env_id, "--agent", agent, "--episodes", str(episodes), "--max-new-tokens", "12",
+            "--out", str(out), *env_args]  # fmt: skip
+    assert main(argv) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == episodes
+    return records
+
+
+def assert_finished(records: list[dict[str, Any]]) -> None:
+    for record in records:
+        assert record["error"] is None, record["error"]
+        assert record["terminated"] or record["truncated"]
+        assert record["turns"] >= 1
+
+
+@pytest.mark.parametrize("env_id", env_ids())
+def test_openai_client_plays_every_env_against_a_real_vllm_server(vllm_server: Any, env_id: str,
+                                                                   tmp_path: Path) -> None:  # fmt: skip
+    records = play(env_id, f"openai:{vllm_server.url}/v1#{vllm_server.model}", tmp_path / "openai.jsonl")
+    assert_finished(records)
+
+
+@pytest.mark.parametrize("env_id", env_ids())
+def test_vllm_client_plays_every_env_against_a_real_vllm_server(vllm_server: Any, env_id: str,
+                                                                 tmp_path: Path) -> None:  # fmt: skip
+    records = play(env_id, f"vllm:{vllm_server.url}#{vllm_server.model}", tmp_path / "vllm.jsonl")
+    assert_finished(records)
+    # token-in, token-out: the trajectories file carries the server's token ids and log-probs
+    trajectories = [json.loads(line) for line in (tmp_path / "vllm.trajectories.jsonl").read_text().splitlines()]
+    assert trajectories and all(json.dumps(t).count("logprob") for t in trajectories)
+
+
+def test_an_episode_longer_than_the_servers_context_ends_truncated(vllm_server: Any, tmp_path: Path) -> None:
+    # The token client reads the served context window (/v1/models) and ends the episode there, not on an error.
+    from rl_llm.agents.vllm_server import VLLMServerPolicy
+
+    assert VLLMServerPolicy(vllm_server.url, vllm_server.model).max_context_tokens == 4096
+    (record,) = play("rl-llm/MultiArmedBandit-v0", f"vllm:{vllm_server.url}#{vllm_server.model}",
+                     tmp_path / "long.jsonl", env_args=["-k", "horizon=200"])  # fmt: skip
+    assert record["error"] is None and record["truncated"] and not record["terminated"]
+    assert 1 < record["turns"] < 200
+
+
+def test_openai_client_says_when_the_prompt_no_longer_fits(vllm_server: Any) -> None:
+    from rl_llm.agents.http_client import ContextLengthExceeded
+    from rl_llm.agents.llm import GenerationRequest
+    from rl_llm.agents.openai_backend import OpenAIPolicy
+    from rl_llm.types import Message
+
+    policy = OpenAIPolicy(f"{vllm_server.url}/v1", vllm_server.model, max_retries=0)
+    request = GenerationRequest(messages=[Message("user", "pull arm 1 " * 3000)], max_new_tokens=4)
+    try:
+        with pytest.raises(ContextLengthExceeded, match="context window"):
+            policy.generate([request])
+    finally:
+        policy.close()
+
+
+def test_vllm_serve_starts_a_server_plays_and_stops_it(vllm_server: Any, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # `vllm_server` only says vLLM is here (its server is not used); the server log lands in the cwd.
+    import psutil
+
+    monkeypatch.chdir(tmp_path)
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    records = play("rl-llm/TicTacToe-v0", "vllm-serve:tiny", tmp_path / "serve.jsonl", episodes=2)
+    assert_finished(records)
+    (log,) = tmp_path.glob("vllm-server-*.log")
+    assert "Application startup complete" in log.read_text()
+    left = {child.pid for child in psutil.Process().children(recursive=True) if child.is_running()} - before
+    assert not left, f"the server's processes outlived the eval: {left}"

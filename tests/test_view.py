@@ -1,0 +1,174 @@
+"""`rl-llm view`: a real (short) training run through the command line, its page loaded in headless
+Chromium, and the rendered DOM and a screenshot checked against the run's own files."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rl_llm.types import TokenRole, Trajectory, Turn
+from rl_llm.view import Decoder, load, write_view
+
+LONG = "a-directory-name-long-enough-that-any-80-column-wrap-would-split-the-path-in-two"
+
+
+def rl_llm(*args: str) -> subprocess.CompletedProcess[str]:
+    # No COLUMNS: through a pipe rich assumes 80 columns, which is what must not break messages.
+    return subprocess.run([sys.executable, "-m", "rl_llm.cli", *args], capture_output=True, text=True, timeout=900,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        if path := shutil.which(name):
+            return path
+    pytest.skip("needs a headless Chromium to load the page: apt-get install chromium")
+
+
+def browse(page: Path, tmp: Path, *extra: str) -> str:
+    """Load `page` from file:// in headless Chromium with networking off; returns stdout (e.g. --dump-dom)."""
+    argv = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--disable-dev-shm-usage", f"--user-data-dir={tmp / 'chromium-profile'}", "--window-size=1280,2000",
+            *extra, page.resolve().as_uri()]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two GRPO steps of the default job on the tiny model: metrics, summary, samples and the model."""
+    out = tmp_path_factory.mktemp("view") / LONG / "run"
+    result = rl_llm("train", "steps=2", "eval.episodes=2", "log.tensorboard=false", "log.plot=false",
+                    "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    # Messages with long paths are whole lines (no hard wrap at 80 columns), and no loading bars or
+    # unrelated sandbox warnings get into the job's output.
+    assert f"run directory: {out}" in lines
+    assert any(line.endswith(f"Summary: {out / 'summary.json'}") for line in lines), result.stdout
+    assert "Loading weights" not in result.stdout + result.stderr
+    assert "SandboxUnavailable" not in result.stdout + result.stderr
+    return out
+
+
+def test_training_keeps_sampled_episodes_for_the_viewer(run_dir: Path) -> None:
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1, 1, 2, 2]
+    for sample in samples:
+        assert Trajectory.from_json(json.dumps({k: v for k, v in sample.items() if k != "step"})).turns
+    # best and worst return of the step first
+    assert samples[0]["total_reward"] >= samples[1]["total_reward"]
+
+
+def test_run_page_renders_curves_summary_and_episodes_in_chromium(run_dir: Path, tmp_path: Path) -> None:
+    result = rl_llm("view", str(run_dir))
+    assert result.returncode == 0, result.stderr
+    page = run_dir / "view.html"
+    assert f"wrote {page} " in result.stdout  # the whole path on one line
+    text = page.read_text()
+    # Self-contained: nothing fetched from anywhere (the only URL is the SVG namespace name).
+    assert not re.search(r"""(src|href)\s*=|<link|@import|url\(""", text, re.IGNORECASE)
+
+    dom = browse(page, tmp_path, "--dump-dom")
+    assert 'data-rendered="yes"' in dom, "the page's script did not run to the end"
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    plots = re.findall(r'<svg class="plot"[^>]*data-metric="([^"]+)"', dom)
+    assert "reward/mean" in plots and len(plots) >= 3
+    assert all(name in metrics[0] for name in plots)
+    # One line per plot, through every step's point.
+    lines = re.findall(r'<path class="line" d="([^"]+)"', dom)
+    assert len(lines) == len(plots) and all(d.count("L") == len(metrics) - 1 for d in lines)
+    # The summary table, with the before/after rows and the baselines.
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "untrained policy" in dom and "trained (grpo, 2 steps)" in dom
+    assert all(f"<td>{name}</td>" in dom for name in summary["baselines"])
+    # Every sampled episode, every turn, the invalid ones marked, the tokens coloured by role.
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert dom.count('<details class="episode"') == len(samples)
+    turns = [turn for sample in samples for turn in sample["turns"]]
+    assert len(re.findall(r'<tr class="turn[ "]', dom)) == len(turns)
+    assert dom.count('<tr class="turn invalid"') == sum(turn["invalid_action"] for turn in turns)
+    for role in ("prompt", "policy", "env"):
+        assert re.search(rf'<span class="tok-{role}" title="{role}: \d+ tokens">', dom), role
+
+    shot = tmp_path / "view.png"
+    browse(page, tmp_path, f"--screenshot={shot}")
+    image = pytest.importorskip("PIL.Image").open(shot).convert("RGB")
+    colours = {colour for _, colour in image.getcolors(maxcolors=1 << 20)}
+    # The policy (green) and env (orange) backgrounds of the first episode are on screen.
+    assert (0xCD, 0xEC, 0xCD) in colours and (0xFB, 0xE1, 0xC4) in colours
+
+
+def test_token_spans_decode_back_to_the_whole_episode(run_dir: Path) -> None:
+    data = load(run_dir, episodes=2)
+    sample = json.loads((run_dir / "samples.jsonl").read_text().splitlines()[-1])
+    [episode] = [e for e in data["episodes"] if e["label"].startswith("step 2") and e["seed"] == sample["seed"]
+                 and e["group_index"] == sample["group_index"]]
+    decoder = Decoder(run_dir / "model")
+    assert "".join(text for _, text, _ in episode["spans"]) == decoder.decode(sample["token_ids"])
+    counted = {role: sum(n for r, _, n in episode["spans"] if r == role) for role in ("prompt", "policy", "env")}
+    assert counted["policy"] == sum(1 for r in sample["token_roles"] if r == TokenRole.POLICY)
+    assert counted == episode["token_counts"]
+
+
+def test_trajectories_jsonl_page_shows_hostile_text_as_text(tmp_path: Path) -> None:
+    hostile = "</script><script>document.title='pwned'</script>{{data}}<b>bold?</b>"
+    trajectory = Trajectory(
+        env_id="rl-llm/TicTacToe-v0", task_id="t0", seed=3,
+        messages=[], turns=[Turn(action=hostile, observation="Illegal move.", reward=-0.1, invalid_action=True,
+                                 info={"reward_components": {"illegal_move": -0.1}}),
+                            Turn(action="<move>B2</move>", observation="", reward=1.0,
+                                 info={"reward_components": {"outcome": 1.0}})],
+        token_ids=[1, 2, 3], token_roles=[int(TokenRole.PROMPT), int(TokenRole.POLICY), int(TokenRole.ENV)],
+        terminated=True, end_reason="terminated",
+    )  # fmt: skip
+    path = tmp_path / "episodes.trajectories.jsonl"
+    path.write_text(trajectory.to_json() + "\n")
+    page = write_view(path)
+    assert page == tmp_path / "episodes.trajectories.html"
+    dom = browse(page, tmp_path, "--dump-dom")
+    assert 'data-rendered="yes"' in dom and "pwned" not in dom.split("<title>")[1].split("</title>")[0]
+    assert "&lt;/script&gt;&lt;script&gt;document.title" in dom  # shown as text in the action cell
+    assert dom.count('<tr class="turn invalid"') == 1 and dom.count('<tr class="turn"') == 1
+    assert 'data-metric="episode/return"' in dom  # no metrics.jsonl: the returns are plotted instead
+    assert "illegal_move -0.1" in dom
+
+
+def test_view_explains_what_it_cannot_show(tmp_path: Path) -> None:
+    records = tmp_path / "eval.jsonl"
+    records.write_text(json.dumps({"env_id": "x", "episode_return": 1.0, "turns": 4}) + "\n")
+    (tmp_path / "eval.trajectories.jsonl").write_text("")
+    result = rl_llm("view", str(records))
+    assert result.returncode == 2 and "episode records, not trajectories" in result.stdout
+    assert str(tmp_path / "eval.trajectories.jsonl") in result.stdout
+    result = rl_llm("view", str(tmp_path / "empty-run"))
+    assert result.returncode == 2 and "no such run directory" in result.stdout
+
+
+def test_samples_are_cut_back_on_resume_like_the_metrics(tmp_path: Path) -> None:
+    from rl_llm.trainers.logging import MetricsWriter
+
+    def episode(reward: float) -> Trajectory:
+        return Trajectory(env_id="e", task_id="t", seed=0, turns=[Turn(action="a", observation="", reward=reward)])
+
+    writer = MetricsWriter(tmp_path, tensorboard=False)
+    for step in (1, 2, 3):
+        writer.log(step, {"reward/mean": float(step)})
+        writer.log_samples(step, [episode(0.5), episode(2.0), episode(-1.0)], count=2)
+    writer.close()
+    with (tmp_path / "samples.jsonl").open("a") as handle:
+        handle.write('{"step": 4, "env_id": "torn')  # killed mid-line
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()[:-1]]
+    assert [(s["step"], s["total_reward"]) for s in samples] == [(1, 2.0), (1, -1.0), (2, 2.0), (2, -1.0),
+                                                                 (3, 2.0), (3, -1.0)]
+    MetricsWriter(tmp_path, resume_step=2, tensorboard=False).close()
+    kept = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in kept] == [1, 1, 2, 2]

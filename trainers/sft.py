@@ -1,0 +1,221 @@
+"""Warm start from expert trajectories: supervised fine-tuning on episodes played by an env's own baseline.
+
+The expert (e.g. tic-tac-toe's ``minimax``) plays through the same rollout engine and chat format as RL:
+``ExpertPolicy`` is an ``LLMPolicy`` whose "generation" is the baseline's answer, tokenized with the model's
+tokenizer. So an expert episode is an ordinary ``Trajectory`` (PROMPT / POLICY / ENV token roles), padded by
+the same ``collate`` as a GRPO batch, and the loss is the negative log-likelihood of its POLICY tokens: the
+model learns exactly the tokens it will later sample, in the context it will sample them in.
+
+With ``env.action_template`` set (e.g. ``<move>{}</move>``) the expert's answer is stripped to what goes
+inside the template, as the RL generator writes only that.
+
+Used by the trainer as a warm-start stage (``sft.episodes > 0`` in the config; ``TrainingRun`` calls
+``warm_start`` once, on a fresh run, before GRPO). It records, in ``run_dir/warm_start.json``:
+the untrained policy's held-out evaluation (before SFT), the expert NLL per policy token before and after SFT
+on held-out expert episodes, and the SFT loss curve. The trainer's own "before" evaluation is then the
+warm-started policy's.
+
+Baselines that read the game from the conversation work here (tic-tac-toe, bandits); oracles that need the
+env's hidden state (``Policy.start_episode``) do not, and are refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from rl_llm.agents.baselines import make_baseline
+from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams
+from rl_llm.agents.policy import Completion, Policy
+from rl_llm.agents.rollout import collect
+from rl_llm.trainers.batch import TrainBatch, collate, micro_batches
+from rl_llm.trainers.checkpoint import write_text_atomic
+from rl_llm.trainers.modeling import token_logprobs
+from rl_llm.types import Trajectory
+
+if TYPE_CHECKING:
+    from rl_llm.trainers.evaluation import EvalResult
+    from rl_llm.trainers.runner import TrainingRun
+
+WARM_START_FILE = "warm_start.json"
+
+
+class ExpertPolicy(LLMPolicy):
+    """A classical baseline seen as a token backend: its answer, tokenized, with log-prob 0 on each token."""
+
+    name = "expert"
+
+    def __init__(self, baseline: Policy, tokenizer: Any, action_template: str | None = None) -> None:
+        super().__init__()
+        if type(baseline).start_episode is not Policy.start_episode:
+            raise ValueError(f"baseline {type(baseline).__name__} reads the env's hidden state; SFT needs one that "
+                             "answers from the conversation alone")  # fmt: skip
+        self.baseline = baseline
+        self.tokenizer = tokenizer
+        self.prefix, self.suffix = (action_template or "{}").split("{}", 1)
+
+    def _strip(self, text: str) -> str:
+        # The generator writes only the template's content: give the expert's answer in that same form.
+        if self.prefix or self.suffix:
+            start, end = text.rfind(self.prefix), text.rfind(self.suffix)
+            if start < 0 or end < start + len(self.prefix):
+                raise ValueError(
+                    f"expert answer {text!r} does not fit the action template {self.prefix}{{}}{self.suffix}"
+                )
+            return text[start + len(self.prefix) : end]
+        return text
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        completions = []
+        for request in requests:
+            text = self._strip(self.baseline.act([request.messages])[0].text)
+            ids = self.chat_format.encode(text)
+            completions.append(Completion(text, ids, [0.0] * len(ids), "stop"))
+        return completions
+
+
+def expert_trajectories(
+    make_env: Any,
+    tokenizer: Any,
+    env_id: str,
+    baseline: str,
+    seeds: Sequence[int],
+    action_template: str | None,
+    concurrency: int = 64,
+) -> list[Trajectory]:
+    """One expert episode per seed, recorded token-in, token-out like an RL rollout."""
+    expert = ExpertPolicy(
+        make_baseline(baseline, env_id, seed=seeds[0] if seeds else 0), tokenizer, action_template
+    )
+    try:
+        trajectories = collect(
+            make_env, expert, list(seeds), 1, max_new_tokens=1 << 16, concurrency=concurrency
+        )
+    finally:
+        expert.close()
+    failed = [t.error for t in trajectories if t.error is not None]
+    if failed:
+        raise RuntimeError(f"{len(failed)} expert episodes failed, e.g. {failed[0]}")
+    return trajectories
+
+
+def expert_nll(model: nn.Module, batch: TrainBatch, micro_batch_size: int = 32) -> float:
+    """Mean negative log-likelihood per policy (expert) token of ``batch`` under ``model``."""
+    total, count = 0.0, 0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for indices in micro_batches(torch.arange(len(batch)), micro_batch_size):
+            sub = batch.select(indices)
+            logprobs, _ = token_logprobs(model, sub.input_ids, sub.attention_mask, positions=sub.policy_mask)
+            total += float(-(logprobs * sub.policy_mask).sum())
+            count += int(sub.policy_mask.sum())
+    model.train(was_training)
+    return total / max(count, 1)
+
+
+def sft(
+    model: nn.Module,
+    batch: TrainBatch,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    micro_batch_size: int,
+    max_grad_norm: float,
+    seed: int,
+) -> list[float]:
+    """Fine-tune ``model`` on the policy tokens of ``batch`` (token-mean NLL per optimizer step).
+
+    Returns the loss of every optimizer step. A fresh AdamW: the RL optimizer starts clean afterwards.
+    """
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    shuffle = torch.Generator().manual_seed(seed)
+    model.train()
+    losses = []
+    for _ in range(epochs):
+        order = torch.randperm(len(batch), generator=shuffle)
+        for step_rows in torch.split(order, batch_size):
+            optimizer.zero_grad(set_to_none=True)
+            tokens = int(batch.policy_mask[step_rows].sum())
+            step_loss = 0.0
+            for rows in micro_batches(step_rows, micro_batch_size):
+                sub = batch.select(rows)
+                logprobs, _ = token_logprobs(
+                    model, sub.input_ids, sub.attention_mask, positions=sub.policy_mask
+                )
+                loss = -(logprobs * sub.policy_mask).sum() / max(tokens, 1)  # token mean over the whole step
+                loss.backward()
+                step_loss += float(loss.detach())
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            losses.append(step_loss)
+    optimizer.zero_grad(set_to_none=True)
+    return losses
+
+
+def warm_start(run: TrainingRun) -> dict[str, Any]:
+    """The trainer's warm-start stage: evaluate the untrained policy, SFT on expert episodes, record both."""
+    from rl_llm.agents.hf import HFPolicy
+    from rl_llm.trainers.evaluation import evaluate_llm
+
+    config, started = run.config, time.perf_counter()
+    cfg = config.sft
+    device = run.device
+    # The untrained policy on the held-out seeds, with the hf backend on the trainer's module (no copy).
+    sampling = SamplingParams(config.rollout.max_new_tokens, config.rollout.temperature, config.rollout.top_p)
+    policy = HFPolicy(run.model, run.tokenizer, sampling=sampling, seed=config.seed,
+                      max_batch_size=config.rollout.concurrency)  # fmt: skip
+    eval_seeds = list(range(config.eval.seed, config.eval.seed + config.eval.episodes))
+    try:
+        untrained = evaluate_llm(run.make_env, policy, eval_seeds, config.eval.temperature,
+                                 config.rollout.max_new_tokens, config.rollout.concurrency)  # fmt: skip
+    finally:
+        policy.close()
+    train_seeds = list(range(cfg.seed, cfg.seed + cfg.episodes))
+    held_out = list(range(cfg.seed + cfg.episodes, cfg.seed + cfg.episodes + cfg.held_out_episodes))
+    expert = expert_trajectories(run.make_env, run.tokenizer, config.env.id, cfg.baseline, train_seeds + held_out,
+                                 config.env.action_template, config.rollout.concurrency)  # fmt: skip
+    pad = run.tokenizer.pad_token_id
+    train = collate(expert[: len(train_seeds)], pad).to(device)
+    test = collate(expert[len(train_seeds) :], pad).to(device) if held_out else None
+    nll_before = expert_nll(run.model, test) if test is not None else float("nan")
+    losses = sft(run.model, train, cfg.epochs, cfg.lr, cfg.batch_size, config.optim.micro_batch_size,
+                 config.optim.max_grad_norm, config.seed)  # fmt: skip
+    nll_after = expert_nll(run.model, test) if test is not None else float("nan")
+    expert_returns = [t.total_reward for t in expert]
+    record = {
+        "baseline": cfg.baseline,
+        "episodes": cfg.episodes,
+        "epochs": cfg.epochs,
+        "expert_seeds": [cfg.seed, cfg.seed + cfg.episodes - 1],
+        "expert_mean_return": sum(expert_returns) / len(expert_returns),
+        "expert_policy_tokens": int(train.policy_mask.sum()),
+        "heldout_expert_nll_before": nll_before,
+        "heldout_expert_nll_after": nll_after,
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "losses": losses,
+        "untrained": {"seeds": untrained.seeds, "values": untrained.values},
+        "untrained_means": untrained.means(),
+        "wall_time_s": time.perf_counter() - started,
+    }
+    write_text_atomic(run.run_dir / WARM_START_FILE, json.dumps(record, indent=2, allow_nan=True))
+    return record
+
+
+def untrained_result(run_dir: Any) -> EvalResult | None:
+    """The untrained policy's evaluation from a warm-started run's record (None without a warm start)."""
+    from pathlib import Path
+
+    from rl_llm.trainers.evaluation import EvalResult
+
+    path = Path(run_dir) / WARM_START_FILE
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text(encoding="utf-8"))["untrained"]
+    return EvalResult(seeds=list(record["seeds"]), values={k: list(v) for k, v in record["values"].items()})
