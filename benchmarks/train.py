@@ -23,7 +23,11 @@ rollouts matter. For each: median wall time per step after warm-up, the generato
 share of the step spent outside rollout; async: the background generator's measured idle time), and the
 final held-out return.
 
-    python benchmarks/train.py --part async [--async-steps 12]
+    python benchmarks/train.py --part async [--async-steps 12] [--backend hf|vllm-server]
+
+``--backend hf`` generates in the trainer's process (its own copy of the model, on a thread; on a CPU both
+sides share the same cores and the GIL); ``--backend vllm-server`` in a vLLM server process of its own (vLLM's
+CPU build here), where generation and the update truly run at the same time.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -127,8 +132,8 @@ def trl_step_times(args: argparse.Namespace, run_dir: Path) -> dict[str, list[fl
 
 
 QUIET = ["log.tensorboard=false", "log.progress=false", "log.plot=false", "eval.baselines=[]"]
-LONG_TAIL = ["env.id=tests.trainers.longtail_env:tests/LongTail-v0", "env.kwargs={}", "env.action_template=null",
-             "rollout.max_new_tokens=3", "rollout.group_size=4", "rollout.prompts_per_step=4", "eval.episodes=16"]  # fmt: skip
+LONG_TAIL = ["env.id=tests.trainers.longtail_env:tests/LongTail-v0", "env.kwargs={}", "env.action_template=null", "sft.episodes=0",
+             "rollout.max_new_tokens=16", "rollout.group_size=4", "rollout.prompts_per_step=4", "eval.episodes=16"]  # fmt: skip
 ASYNC_CASES = {
     "default job": {"sync": [], "async N=1": ["rollout.max_staleness=1"]},
     "long-tailed": {
@@ -137,6 +142,9 @@ ASYNC_CASES = {
         "async N=1 + partial": [*LONG_TAIL, "rollout.max_staleness=1", "rollout.partial_rollouts=true"],
     },
 }
+
+
+BACKENDS = {"hf": ["rollout.backend=hf"], "vllm-server": ["rollout.backend=vllm", "rollout.vllm.mode=server"]}
 
 
 def async_run(overrides: list[str], steps: int, warmup: int, run_dir: Path) -> dict[str, float]:
@@ -157,10 +165,11 @@ def async_comparison(args: argparse.Namespace, scratch: Path) -> None:
     sys.path.insert(0, str(REPO))  # the long-tailed case's environment lives in the test suite
     print(f"\nsync vs async, {args.async_steps} steps each, median step time after {args.warmup} warm-up steps")
     print(f"{'case':14}{'mode':22}{'step s':>9}{'gen idle':>10}{'return':>9}{'wall s':>9}{'speed-up':>10}")
+    print(f"generator: {args.backend}")
     for case, modes in ASYNC_CASES.items():
         baseline = None
         for mode, overrides in modes.items():
-            figures = async_run(overrides, args.async_steps, args.warmup, scratch / f"{case}-{mode}".replace(" ", "_"))
+            figures = async_run([*BACKENDS[args.backend], *overrides], args.async_steps, args.warmup, scratch / f"{case}-{mode}".replace(" ", "_"))
             baseline = baseline or figures["step"]
             print(f"{case:14}{mode:22}{figures['step']:9.3f}{figures['idle']:10.2f}{figures['return']:9.3f}"
                   f"{figures['wall']:9.1f}{baseline / figures['step']:10.2f}")  # fmt: skip
@@ -175,10 +184,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--part", choices=["trl", "async", "all"], default="all")
     parser.add_argument("--async-steps", type=int, default=12)
+    parser.add_argument("--backend", choices=sorted(BACKENDS), default="hf", help="the generator of part 2")
     args = parser.parse_args()
     if args.steps <= args.warmup:
         parser.error("--steps must exceed --warmup")
     median = statistics.median
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # model loading bars would break the table
     warnings.filterwarnings("ignore", category=FutureWarning)
     with tempfile.TemporaryDirectory() as scratch:
         if args.part in ("async", "all"):

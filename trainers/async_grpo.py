@@ -22,11 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rl_llm.trainers.advantages import broadcast, outcome_advantages
 from rl_llm.trainers.async_rollouts import BackgroundRollouts, RolloutBatch, SeedLedger
 from rl_llm.trainers.config import TrainConfig
+from rl_llm.trainers.grpo import score_and_update
 from rl_llm.trainers.runner import StepTimer, TrainingRun
-from rl_llm.trainers.update import policy_update
 from rl_llm.types import Trajectory
 
 
@@ -50,16 +49,9 @@ def train_async_grpo(config: TrainConfig, run_dir: str | Path) -> dict[str, Any]
                 # 2. Bound the staleness: the update about to run makes version `step`; its data may come from
                 #    versions step-1-N .. step-1.
                 trajectories, stale = fresh_enough(ready.trajectories, step - 1 - config.rollout.max_staleness)
-                # 3. Score and advantages, as in grpo.py.
-                with timer("score"):
-                    batch = run.score(trajectories)
-                    advantages = broadcast(
-                        outcome_advantages(config.algorithm, batch.scores, batch.group_ids), batch.policy_mask
-                    )
-                # 4. Update: PPO-clip minibatch steps (+ truncated importance weights when configured).
-                with timer("update"):
-                    stats = policy_update(run.model, run.optimizer, batch, advantages, config, run.shuffle,
-                                          run.reference_fn, run.scheduler)  # fmt: skip
+                # 3-4. Score, advantages and update exactly as grpo.py does (set loss.tis_cap to weight stale
+                #      tokens by truncated importance weights against the generator's log-probs).
+                batch, stats = score_and_update(run, trajectories, timer)
                 # 5. Publish: the generator picks the new weights up for the episodes it starts from now on.
                 with timer("sync"):
                     rollouts.publish(run.sync.push(run.model))

@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from rl_llm.trainers.advantages import broadcast, outcome_advantages
+from rl_llm.trainers.batch import TrainBatch
 from rl_llm.trainers.config import TrainConfig
 from rl_llm.trainers.runner import StepTimer, TrainingRun
 from rl_llm.trainers.update import policy_update
+from rl_llm.types import Trajectory
 
 
 def train_grpo(config: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
@@ -31,17 +33,8 @@ def train_grpo(config: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
                 # 1. Collect: G episodes per task, all with the weights of policy version `step - 1`.
                 with timer("rollout"):
                     trajectories = run.collect()
-                # 2. Score: returns, reward transforms, down-sampling; pad into tensors.
-                with timer("score"):
-                    batch = run.score(trajectories)
-                    # 3. Advantages: group-relative, the same on every policy token of an episode.
-                    advantages = broadcast(
-                        outcome_advantages(config.algorithm, batch.scores, batch.group_ids), batch.policy_mask
-                    )
-                # 4. Update: PPO-clip minibatch steps with gradient accumulation (+ optional k3 KL).
-                with timer("update"):
-                    stats = policy_update(run.model, run.optimizer, batch, advantages, config, run.shuffle,
-                                          run.reference_fn, run.scheduler)  # fmt: skip
+                # 2-4. Score, advantages, update (below).
+                batch, stats = score_and_update(run, trajectories, timer)
                 # 5. Sync: the generator uses the new weights from now on (policy version + 1).
                 with timer("sync"):
                     run.sync.push(run.model)
@@ -50,3 +43,18 @@ def train_grpo(config: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
         return run.finish(before, started)
     finally:
         run.close()
+
+
+def score_and_update(run: TrainingRun, trajectories: list[Trajectory], timer: StepTimer) -> tuple[TrainBatch, dict]:
+    """Steps 2-4 of a GRPO-family step (shared with the asynchronous loop, ``async_grpo.py``)."""
+    config = run.config
+    # 2. Score: returns, reward transforms, down-sampling; pad into tensors.
+    with timer("score"):
+        batch = run.score(trajectories)
+        # 3. Advantages: group-relative, the same on every policy token of an episode.
+        advantages = broadcast(outcome_advantages(config.algorithm, batch.scores, batch.group_ids), batch.policy_mask)
+    # 4. Update: PPO-clip minibatch steps with gradient accumulation (+ optional k3 KL, TIS weights).
+    with timer("update"):
+        stats = policy_update(run.model, run.optimizer, batch, advantages, config, run.shuffle,
+                              run.reference_fn, run.scheduler)  # fmt: skip
+    return batch, stats

@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -59,6 +60,13 @@ class ExpertPolicy(LLMPolicy):
         self.tokenizer = tokenizer
         self.prefix, self.suffix = (action_template or "{}").split("{}", 1)
 
+    def _reseed(self, request: GenerationRequest) -> None:
+        # The rollout engine batches requests by thread timing: a baseline drawing ties from one shared RNG
+        # would play different games run to run. Seed its draw by (episode seed, turn) instead, as hf sampling is.
+        meta = request.metadata
+        if hasattr(self.baseline, "rng") and meta.get("seed") is not None:
+            self.baseline.rng = np.random.default_rng([int(meta["seed"]), int(meta.get("turn", 0))])
+
     def _strip(self, text: str) -> str:
         # The generator writes only the template's content: give the expert's answer in that same form.
         if self.prefix or self.suffix:
@@ -73,6 +81,7 @@ class ExpertPolicy(LLMPolicy):
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         completions = []
         for request in requests:
+            self._reseed(request)
             text = self._strip(self.baseline.act([request.messages])[0].text)
             ids = self.chat_format.encode(text)
             completions.append(Completion(text, ids, [0.0] * len(ids), "stop"))
@@ -178,8 +187,10 @@ def warm_start(run: TrainingRun) -> dict[str, Any]:
         policy.close()
     train_seeds = list(range(cfg.seed, cfg.seed + cfg.episodes))
     held_out = list(range(cfg.seed + cfg.episodes, cfg.seed + cfg.episodes + cfg.held_out_episodes))
+    # One episode at a time: a baseline's own RNG (e.g. the bandits' random baseline) is drawn in call order, so
+    # concurrent episodes would get other actions under other thread timing and the run would not reproduce.
     expert = expert_trajectories(run.make_env, run.tokenizer, config.env.id, cfg.baseline, train_seeds + held_out,
-                                 config.env.action_template, config.rollout.concurrency)  # fmt: skip
+                                 config.env.action_template, concurrency=1)  # fmt: skip
     pad = run.tokenizer.pad_token_id
     train = collate(expert[: len(train_seeds)], pad).to(device)
     test = collate(expert[len(train_seeds) :], pad).to(device) if held_out else None

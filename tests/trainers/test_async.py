@@ -24,7 +24,7 @@ from rl_llm.trainers.logging import read_metrics
 REPO = Path(__file__).resolve().parents[2]
 QUIET = ["log.tensorboard=false", "log.progress=false", "log.plot=false", "eval.baselines=[]"]
 SMALL = ["steps=4", "eval.episodes=4", "rollout.group_size=4", "rollout.prompts_per_step=2", *QUIET]
-LONG_TAIL = ["env.id=tests.trainers.longtail_env:tests/LongTail-v0", "env.kwargs={}", "env.action_template=null",
+LONG_TAIL = ["env.id=tests.trainers.longtail_env:tests/LongTail-v0", "env.kwargs={}", "env.action_template=null", "sft.episodes=0",
              "rollout.max_new_tokens=3", "rollout.group_size=2", "rollout.prompts_per_step=2",
              "rollout.partial_extra_groups=3", "eval.episodes=2", "log.checkpoint_every=1", *QUIET]  # fmt: skip
 # Figures that measure time, not learning: the only ones allowed to differ between two identical runs.

@@ -74,6 +74,11 @@ def test_expert_episodes_are_recorded_like_rollouts(setting) -> None:
             ids = trajectory.token_ids[turn.token_start : turn.token_end]
             assert tokenizer.decode(ids) == turn.action
             assert all(role == TokenRole.POLICY for role in roles[turn.token_start : turn.token_end])
+    # Reproducible whatever the batching: the expert's ties are drawn per (episode seed, turn).
+    again = expert_trajectories(
+        make_env, tokenizer, TTT, "minimax", list(range(507, 499, -1)), "<move>{}</move>"
+    )
+    assert [t.token_ids for t in again[::-1]] == [t.token_ids for t in trajectories]
     batch = collate(trajectories, tokenizer.pad_token_id)
     assert batch.num_policy_tokens == sum(2 * len(t.turns) for t in trajectories)
 

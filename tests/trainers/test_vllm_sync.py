@@ -131,7 +131,7 @@ def test_a_training_step_on_the_colocated_engine_reaches_the_generator(tmp_path,
     threads = torch.get_num_threads()  # an in-process engine lowers this process's torch threads for serving
     config = load_config(overrides=[
         "rollout.backend=vllm", "rollout.max_new_tokens=8", "rollout.prompts_per_step=2", "rollout.group_size=4",
-        "optim.lr=1e-3", "log.tensorboard=false", "log.progress=false", "env.kwargs={num_arms: 3, horizon: 2}",
+        "optim.lr=1e-3", "log.tensorboard=false", "log.progress=false", "env.kwargs={num_arms: 3, horizon: 2}", "sft.episodes=0",
     ])  # fmt: skip
     run = TrainingRun(config, tmp_path)
     try:
