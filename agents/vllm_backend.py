@@ -28,8 +28,10 @@ import asyncio
 import inspect
 import io
 import logging
+import sys
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -131,10 +133,11 @@ class VLLMPolicy(LLMPolicy):
 
         self._final_only = RequestOutputKind.FINAL_ONLY  # one output per request, not one per token
         self.concurrent = async_engine
-        if async_engine:
-            self.engine, self.llm = vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**options)), None
-        else:
-            self.engine, self.llm = None, vllm.LLM(**options)
+        with _hide_odd_module_globals():
+            if async_engine:
+                self.engine, self.llm = vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**options)), None
+            else:
+                self.engine, self.llm = None, vllm.LLM(**options)
         # The engine's context length (max_model_len, or the model's own when not set) bounds each episode.
         self.max_context_tokens = getattr(getattr(self._engine, "model_config", None), "max_model_len", max_model_len)
 
@@ -299,3 +302,31 @@ class WeightLoader:
 
         weights = torch.load(io.BytesIO(payload), map_location=self.device, weights_only=True)
         self.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+
+
+@contextmanager
+def _hide_odd_module_globals() -> Iterator[None]:
+    """Hide, while an engine starts, module globals whose ``__dict__`` is not a mapping.
+
+    vLLM's CPU platform (0.32) rebinds its kernels by scanning every loaded module's globals and calling
+    ``vars(value).get(...)`` on each. Objects that answer any attribute, ``__dict__`` included (llvmlite's
+    ``ffi.lib``, loaded whenever numba is), make that scan raise, so an in-process engine could not start in a
+    process that had imported numba before. They are put back as soon as the engine is up.
+    """
+    hidden: list[tuple[dict[str, Any], str, Any]] = []
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for name, value in list(namespace.items()):
+            try:
+                odd = hasattr(value, "__dict__") and not hasattr(vars(value), "get")  # dicts, mappingproxies: fine
+            except Exception:  # an object that cannot even say: leave it to vLLM
+                odd = False
+            if odd:
+                hidden.append((namespace, name, namespace.pop(name)))
+    try:
+        yield
+    finally:
+        for namespace, name, value in hidden:
+            namespace[name] = value

@@ -214,3 +214,32 @@ def test_vllm_engine_takes_new_weights_and_sleeps(tiny_model_dir: Path, make_tin
         assert_logprobs_match_forward_pass(after, reference, VLLM_LOGPROB_TOLERANCE)
     finally:
         policy.close()
+
+
+def test_module_globals_that_break_vllms_kernel_scan_are_hidden_only_while_an_engine_starts() -> None:
+    """vLLM 0.32's CPU platform calls ``vars(v).get`` on every module global when an in-process engine starts;
+    an object answering every attribute (llvmlite's ``ffi.lib``, loaded with numba) made that start fail."""
+    import sys
+    import types
+
+    from rl_llm.agents.vllm_backend import _hide_odd_module_globals
+
+    class AnswersEverything:
+        __slots__ = ()
+
+        def __getattr__(self, name: str) -> object:
+            return lambda *args: None
+
+    module = types.ModuleType("rl_llm_test_odd_globals")
+    module.lib, module.table, module.kind = AnswersEverything(), {"a": 1}, dict
+    sys.modules[module.__name__] = module
+    try:
+        with _hide_odd_module_globals():
+            assert not hasattr(module, "lib")  # would break vLLM's scan
+            assert module.table == {"a": 1} and module.kind is dict  # mappings and classes stay
+            for value in list(vars(module).values()):
+                if hasattr(value, "__dict__"):
+                    vars(value).get("kernel")  # what vLLM does: no error now
+        assert isinstance(module.lib, AnswersEverything)  # put back
+    finally:
+        del sys.modules[module.__name__]
