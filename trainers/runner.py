@@ -136,14 +136,15 @@ class TrainingRun:
                 self.reference = FrozenReference(self.model)  # the KL anchor is the warm-started policy
         self.generator = self._build_generator()
         try:  # the generator may be a server process: stop it if the run cannot start
-            self.sync = make_weight_sync(
-                self.generator, config.rollout.backend, config.rollout.vllm.mode, config.rollout.vllm.sleep,
-                config.rollout.vllm.server_url, config.rollout.vllm.server_group_port, self.device,
-            )  # fmt: skip
             if config.rollout.max_staleness is not None and config.rollout.backend == "hf":
                 from rl_llm.trainers.snapshot_sync import SnapshotSync
 
-                self.sync = SnapshotSync(self.generator)
+                self.sync = SnapshotSync(self.generator)  # the asynchronous hf generator owns a copy
+            else:
+                self.sync = make_weight_sync(
+                    self.generator, config.rollout.backend, config.rollout.vllm.mode, config.rollout.vllm.sleep,
+                    config.rollout.vllm.server_url, config.rollout.vllm.server_group_port, self.device,
+                )  # fmt: skip
             if self.step > 0:
                 if config.rollout.backend == "vllm":
                     self.sync.push(self.model)  # the engine starts from the initial weights: give it the resumed ones
