@@ -79,7 +79,19 @@ class RLLMToolEnvironment:
         self._env.close()
 
 
-class ToolCallsEnvironment(RLLMToolEnvironment):
+class AnswerTool(RLLMToolEnvironment):
+    """The ``answer`` tool shared by the question-answering environments (TRL collects inherited methods)."""
+
+    def answer(self, answer: str) -> str:
+        """Submit the final answer; this ends the episode.
+
+        Args:
+            answer: The final answer, as short as possible.
+        """
+        return self._act(f"<answer>{answer}</answer>")
+
+
+class ToolCallsEnvironment(AnswerTool):
     """``rl-llm/ToolCalls-v0``: search a knowledge base, compute, run Python, then answer."""
 
     env_id = "rl-llm/ToolCalls-v0"
@@ -112,16 +124,8 @@ class ToolCallsEnvironment(RLLMToolEnvironment):
         """
         return self._call("python", "code", code)
 
-    def answer(self, answer: str) -> str:
-        """Submit the final answer; this ends the episode.
 
-        Args:
-            answer: The final answer, as short as possible.
-        """
-        return self._act(f"<answer>{answer}</answer>")
-
-
-class SearchEnvironment(RLLMToolEnvironment):
+class SearchEnvironment(AnswerTool):
     """``rl-llm/Search-v0``: Search-R1 style question answering over a retrieval corpus."""
 
     env_id = "rl-llm/Search-v0"
@@ -135,13 +139,6 @@ class SearchEnvironment(RLLMToolEnvironment):
         """
         return self._act(f"<search>{query}</search>")
 
-    def answer(self, answer: str) -> str:
-        """Submit the final answer; this ends the episode.
-
-        Args:
-            answer: The final answer, as short as possible.
-        """
-        return self._act(f"<answer>{answer}</answer>")
 
 
 class TextToSQLEnvironment(RLLMToolEnvironment):
