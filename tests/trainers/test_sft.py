@@ -25,7 +25,8 @@ TTT = "rl-llm/TicTacToe-v0"
 def test_shipped_config_loads_and_validates() -> None:
     config = load_config(CONFIG)
     assert config.env.id == TTT and config.env.kwargs["opponent"] == "random"
-    assert config.env.action_template == "<move>{}</move>"
+    assert config.env.action_template == "<move>{}</move>" and config.env.kwargs["cell_names"] == "numbers"
+    assert config.rollout.max_new_tokens == 1  # a move is one token: the cell's number
     assert config.model.path == "tiny" and config.rollout.backend == "hf"
     assert config.sft.episodes > 0 and config.sft.baseline == "minimax"
     # Expert, training and held-out seeds never overlap.
@@ -70,7 +71,7 @@ def test_expert_episodes_are_recorded_like_rollouts(setting) -> None:
         )
         for turn in trajectory.turns:
             # The template's content only (as the RL generator writes it), tokenized as POLICY tokens.
-            assert len(turn.action) == 2 and turn.action[0] in "ABC" and turn.action[1] in "123"
+            assert len(turn.action) == 1 and turn.action in "123456789"  # cell_names: numbers
             ids = trajectory.token_ids[turn.token_start : turn.token_end]
             assert tokenizer.decode(ids) == turn.action
             assert all(role == TokenRole.POLICY for role in roles[turn.token_start : turn.token_end])
@@ -80,7 +81,7 @@ def test_expert_episodes_are_recorded_like_rollouts(setting) -> None:
     )
     assert [t.token_ids for t in again[::-1]] == [t.token_ids for t in trajectories]
     batch = collate(trajectories, tokenizer.pad_token_id)
-    assert batch.num_policy_tokens == sum(2 * len(t.turns) for t in trajectories)
+    assert batch.num_policy_tokens == sum(len(t.turns) for t in trajectories)  # one token per move
 
 
 def test_expert_answers_must_fit_the_template(setting) -> None:
@@ -106,9 +107,10 @@ def test_sft_lowers_expert_nll_and_raises_legal_moves_on_held_out_seeds(setting)
 
     def legal_share() -> float:
         # Greedy play on held-out game seeds: the share of the model's turns that were legal moves.
-        policy = HFPolicy(model, tokenizer, sampling=SamplingParams(2, 1.0), seed=0)
+        tokens = config.rollout.max_new_tokens
+        policy = HFPolicy(model, tokenizer, sampling=SamplingParams(tokens, 1.0), seed=0)
         try:
-            result = evaluate_llm(make_env, policy, list(range(200_000, 200_016)), 0.0, 2, 16)
+            result = evaluate_llm(make_env, policy, list(range(200_000, 200_016)), 0.0, tokens, 16)
         finally:
             policy.close()
         moves, illegal = sum(result.values["moves"]), sum(result.values["illegal_moves"])
