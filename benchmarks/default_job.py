@@ -33,14 +33,20 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_seed(seed: int, overrides: list[str], root: Path) -> dict:
-    out = root / f"seed{seed}"
+def train_once(config: str | None, seed: int, overrides: list[str], out: Path) -> tuple[float, float]:
+    """One quiet ``rl-llm train`` run (``config`` None: the default job) into ``out``: (wall s, CPU s)."""
     started, cpu = time.perf_counter(), cpu_seconds()
     with contextlib.redirect_stdout(io.StringIO()):
-        code = train_main(None, [*QUIET, f"seed={seed}", *overrides], out=str(out))
+        code = train_main(config, [*QUIET, f"seed={seed}", *overrides], out=str(out))
     wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu
     if code != 0:
         raise SystemExit(f"seed {seed}: training failed with exit code {code}")
+    return wall, cpu
+
+
+def run_seed(seed: int, overrides: list[str], root: Path) -> dict:
+    out = root / f"seed{seed}"
+    wall, cpu = train_once(None, seed, overrides, out)
     summary = json.loads((out / "summary.json").read_text())
     after, baselines = summary["after"], summary["baselines"]
     row = {
@@ -57,12 +63,17 @@ def run_seed(seed: int, overrides: list[str], root: Path) -> dict:
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0,1,2,3,4", help="training seeds, comma-separated")
+def seed_arguments(description: str, default_seeds: str) -> argparse.Namespace:
+    """``--seeds``, ``--keep`` and ``key=value`` overrides: the command line of the per-seed job benchmarks."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--seeds", default=default_seeds, help="training seeds, comma-separated")
     parser.add_argument("--keep", help="keep the run directories under this folder (default: a temporary one)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of the default job")
-    args = parser.parse_args()
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of the job's config")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = seed_arguments(__doc__.splitlines()[0], "0,1,2,3,4")
     print(f"{'seed':>4} {'return':>7} {'best-arm':>8} {'ucb':>6} {'random':>6} {'learned':>7} {'wall s':>7} {'cpu s':>7} {'load':>5}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="rl-llm-default-job-") as scratch:

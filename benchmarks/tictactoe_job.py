@@ -6,26 +6,20 @@ evaluation seeds stay disjoint and the same) and prints, per seed, the win rate 
 after - before with its 95% half-width (paired over the held-out seeds), the random and minimax baselines'
 win rates on the same seeds, the wall time and the process CPU time of the run, and the load average.
 
-    python benchmarks/tictactoe_job.py [--seeds 0,1,2] [--keep DIR] [key=value ...]
+    python benchmarks/tictactoe_job.py [--seeds 0,1,2,3,4] [--keep DIR] [key=value ...]
 
 Extra ``key=value`` arguments override the config as on the ``rl-llm train`` command line.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import io
 import json
 import math
 import os
 import tempfile
-import time
 from pathlib import Path
 
-from default_job import QUIET, cpu_seconds
-
-from rl_llm.trainers.cli import train_main
+from default_job import seed_arguments, train_once
 
 CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "tictactoe_grpo_cpu.yaml")
 
@@ -40,12 +34,7 @@ def paired_gain(before: list[float], after: list[float]) -> tuple[float, float]:
 
 def run_seed(seed: int, overrides: list[str], root: Path) -> dict:
     out = root / f"seed{seed}"
-    started, cpu = time.perf_counter(), cpu_seconds()
-    with contextlib.redirect_stdout(io.StringIO()):
-        code = train_main(CONFIG, [*QUIET, f"seed={seed}", *overrides], out=str(out))
-    wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu
-    if code != 0:
-        raise SystemExit(f"seed {seed}: training failed with exit code {code}")
+    wall, cpu = train_once(CONFIG, seed, overrides, out)
     summary = json.loads((out / "summary.json").read_text())
     warm = json.loads((out / "warm_start.json").read_text())
     before = json.loads((out / "eval_before.json").read_text())["values"]
@@ -69,11 +58,7 @@ def run_seed(seed: int, overrides: list[str], root: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0,1,2", help="training seeds, comma-separated")
-    parser.add_argument("--keep", help="keep the run directories under this folder (default: a temporary one)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of the config")
-    args = parser.parse_args()
+    args = seed_arguments(__doc__.splitlines()[0], "0,1,2,3,4")
     print(f"{'seed':>4} {'untrained':>9} {'SFT':>5} {'GRPO':>5} {'gain ± 95%':>12} {'illegal SFT/GRPO':>16} "
           f"{'random':>6} {'minimax':>7} {'wall s':>7} {'cpu s':>7} {'load':>5}")  # fmt: skip
     rows = []

@@ -1,6 +1,6 @@
 """The embedded default training job: ``rl-llm train`` with no config.
 
-The locally built tiny model (random weights, ~0.5M parameters, pinned recipe: ``rl_llm.agents.tiny``) learns
+The locally built tiny model (random weights, ~0.65M parameters, pinned recipe: ``rl_llm.agents.tiny``) learns
 a 3-armed Bernoulli bandit on CPU: a short supervised warm start teaches it to write a valid arm label (any
 label), then GRPO finds the best arm and reaches about the optimal 4.0 per episode, where the random and UCB
 baselines score about 1.9 and 2.1 on the same held-out seeds. ``python benchmarks/default_job.py`` runs it
