@@ -57,8 +57,9 @@ class TicTacToeEnv(TextEnv):
 
     ## Action
     The cell inside ``<move></move>``: ``<move>B2</move>``, also ``2B``, ``2,2`` (row, column) or a cell
-    number 1..9 (row-major, 1 = A1), whatever ``cell_names`` is. With several tags the last one counts. An unparseable move or an
-    occupied cell is illegal: the board does not change, the agent is told why and may try again.
+    number 1..9 (row-major, 1 = A1), whatever ``cell_names`` is. With several tags the last one counts. An
+    unparseable move or an occupied cell is illegal: the board does not change, the agent is told why and may
+    try again.
 
     ## Rewards
     ``outcome``: +1 win, 0 draw, -1 loss, on the final step. ``illegal_move``: ``-illegal_move_penalty``
