@@ -68,20 +68,6 @@ def _skip_envs_this_machine_cannot_run(request: pytest.FixtureRequest) -> None:
         pytest.skip(f"{env_id} needs an isolating sandbox: {problem}")
 
 
-@pytest.fixture(autouse=True)
-def _restore_torch_threads() -> Iterator[None]:
-    # An in-process vLLM CPU engine sets torch's thread count to 1 for the whole process ("Reducing Torch
-    # threads for serving"): give later tests (training runs) the threads they started with.
-    import sys
-
-    torch = sys.modules.get("torch")
-    threads = torch.get_num_threads() if torch is not None else None
-    yield
-    torch = sys.modules.get("torch")
-    if torch is not None and threads is not None and torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-
-
 # One real vLLM OpenAI-compatible server of the tiny model, shared by every test that needs a real endpoint
 # (vLLM backends, `openai:` agents, benchmark suites, verifiers): starting one costs about a minute on CPU.
 TINY_SERVER_ARGS = ("--max-model-len", "4096", "--dtype", "float32", "--kv-cache-memory-bytes", str(512 * 2**20),
