@@ -4,11 +4,6 @@ no group lost or used twice."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,8 +15,8 @@ from rl_llm.trainers.cli import train_main
 from rl_llm.trainers.config import ConfigError, load_config
 from rl_llm.trainers.default_job import DEFAULT_JOB
 from rl_llm.trainers.logging import read_metrics
+from tests.trainers.killed_runs import kill_after_logged_steps, train_command
 
-REPO = Path(__file__).resolve().parents[2]
 QUIET = ["log.tensorboard=false", "log.progress=false", "log.plot=false", "eval.baselines=[]"]
 SMALL = ["steps=4", "eval.episodes=4", "rollout.group_size=4", "rollout.prompts_per_step=2", *QUIET]
 LONG_TAIL = ["env.id=tests.trainers.longtail_env:tests/LongTail-v0", "env.kwargs={}", "env.action_template=null", "sft.episodes=0",
@@ -102,7 +97,7 @@ def test_partial_rollouts_train_on_whole_groups(tmp_path: Path) -> None:
 
 def _train_command(run_dir: Path, steps: int) -> list[str]:
     overrides = [*LONG_TAIL, f"steps={steps}", "rollout.max_staleness=1", "rollout.partial_rollouts=true"]
-    return [sys.executable, "-m", "rl_llm.cli", "train", *overrides, "--out", str(run_dir)]
+    return train_command(run_dir, overrides)
 
 
 def _ledger(run_dir: Path, step: int) -> SeedLedger:
@@ -112,18 +107,8 @@ def _ledger(run_dir: Path, step: int) -> SeedLedger:
 
 def test_a_killed_async_run_resumes_without_losing_or_repeating_a_group(tmp_path: Path) -> None:
     steps = 6
-    process = subprocess.Popen(_train_command(tmp_path, steps), cwd=REPO, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-    deadline = time.monotonic() + 300
-    while len(read_metrics(tmp_path / "metrics.jsonl")) < 2:  # step 2 logged: generation of later steps under way
-        if process.poll() is not None:
-            pytest.fail(f"training exited early: {process.stderr.read().decode()[-2000:]}")
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail("training did not log 2 steps within 300 s")
-        time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    # step 2 logged: generation of later steps under way
+    kill_after_logged_steps(_train_command(tmp_path, steps), tmp_path / "metrics.jsonl", 2)
     saved = int((tmp_path / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
     at_kill = _ledger(tmp_path, saved)
 

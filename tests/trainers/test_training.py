@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +15,7 @@ from rl_llm.trainers.config import load_config
 from rl_llm.trainers.default_job import DEFAULT_JOB
 from rl_llm.trainers.logging import read_metrics
 from rl_llm.trainers.runner import TrainingRun
+from tests.trainers.killed_runs import kill_after_logged_steps, train_command
 
 REPO = Path(__file__).resolve().parents[2]
 QUIET = ["log.tensorboard=false", "log.progress=false", "log.plot=false"]
@@ -95,24 +92,13 @@ def _train_command(run_dir: Path, steps: int) -> list[str]:
     overrides = [f"steps={steps}", "log.checkpoint_every=2", "log.tensorboard=true", "log.progress=false",
                  "log.plot=false", "eval.episodes=4", "rollout.prompts_per_step=2", "rollout.group_size=4",
                  *ONE_TURN_BANDIT]  # fmt: skip
-    return [sys.executable, "-m", "rl_llm.cli", "train", *overrides, "--out", str(run_dir)]
+    return train_command(run_dir, overrides)
 
 
 def test_killed_run_resumes_and_its_logs_stay_exact(tmp_path: Path) -> None:
     steps = 9
     metrics = tmp_path / "metrics.jsonl"
-    process = subprocess.Popen(_train_command(tmp_path, steps), cwd=REPO, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-    deadline = time.monotonic() + 300
-    while len(read_metrics(metrics)) < 3:  # step 3 logged: the process is now inside step 4
-        if process.poll() is not None:
-            pytest.fail(f"training exited early: {process.stderr.read().decode()[-2000:]}")
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail("training did not log 3 steps within 300 s")
-        time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    kill_after_logged_steps(_train_command(tmp_path, steps), metrics, 3)  # step 3 logged: now inside step 4
     before_kill = read_metrics(metrics)
     latest = (tmp_path / "checkpoints" / "latest").read_text().strip()
     saved_step = int(latest.removeprefix("step_"))
