@@ -28,10 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
-
 from rl_llm.agents.aio import run_sync
-from rl_llm.agents.policy import Completion, Policy
+from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy
 from rl_llm.types import Message
 
 
@@ -141,8 +139,10 @@ class LLMPolicy(Policy):
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     # -- the Policy interface -----------------------------------------------------------------------------
-    def start_episode(self, slot: int, env: gym.Env, info: dict[str, Any]) -> None:
-        self.stop = tuple(info.get("stop", self.stop))
+    def start_episode(self, episode: EpisodeStart) -> LLMEpisode:
+        """An agent for code outside the rollout engine (the engine itself sends generation requests, batched
+        and token-in, token-out): each turn one request, with the env's stop strings."""
+        return LLMEpisode(self, episode.stop or self.stop)
 
     def act(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
         requests = [GenerationRequest(messages=list(conversation), stop=self.stop) for conversation in conversations]
@@ -166,6 +166,23 @@ class LLMPolicy(Policy):
 
     def wake_up(self) -> None:
         """Undo ``sleep``."""
+
+
+class LLMEpisode(EpisodeAgent):
+    """One episode of an LLM policy outside the engine: the conversation re-rendered each turn (no token record)."""
+
+    def __init__(self, policy: LLMPolicy, stop: Sequence[str] = ()) -> None:
+        self.policy = policy
+        self.stop = tuple(stop)
+
+    def request(self, conversation: Sequence[Message]) -> GenerationRequest:
+        return GenerationRequest(messages=list(conversation), stop=self.stop)
+
+    def act(self, conversation: Sequence[Message]) -> Completion:
+        return self.policy.generate([self.request(conversation)])[0]
+
+    async def aact(self, conversation: Sequence[Message]) -> Completion:
+        return await self.policy.agenerate(self.request(conversation))
 
 
 def first_stop(text: str, stops: Sequence[str]) -> int:

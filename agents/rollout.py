@@ -1,21 +1,30 @@
-"""The rollout engine: N environments played concurrently by one LLM policy, recorded token-in, token-out.
+"""The rollout engine: the one episode loop. N environments played concurrently by any agent, recorded as
+``Trajectory`` records (token-in, token-out for LLM policies).
 
-Entry point (stable; the trainer calls it)::
+Entry point (stable; the trainer, evaluation, ``rl-llm bench``, SFT expert data and ``rl-llm play`` call it)::
 
     trajectories = collect(
         "rl-llm/TicTacToe-v0",          # an env id or a zero-argument factory returning a gym.Env
-        policy,                          # an LLMPolicy (hf, vllm, openai)
+        policy,                          # any Policy: an LLMPolicy (hf, vllm, openai), a baseline, a person
         seeds=[0, 1, 2, 3],
         group_size=8,                    # G rollouts per seed: same task, same group_id (GRPO groups)
         env_kwargs={"opponent": "minimax"},
-        max_new_tokens=128,              # per turn; default policy.sampling.max_new_tokens
+        max_new_tokens=128,              # per turn; default policy.sampling.max_new_tokens (LLMs)
         concurrency=32,                  # episodes in flight (one env instance each)
     )                                    # -> len(seeds) * group_size Trajectory records, seed-major order
 
-Each episode is its own coroutine: it advances as soon as its own completion returns, and env resets and
-steps run on a thread pool, off the generation path. Backends with their own continuous batching (vLLM's
-async engine or server, HTTP APIs) get each request the moment it exists; batch backends (``hf``, offline
-vLLM) go through ``BatchScheduler``, which sends whatever is waiting whenever the generator is free.
+Each episode is its own coroutine: it advances as soon as its own action is there, and env resets and steps
+run on a thread pool, off the generation path. Two kinds of player:
+
+- An ``LLMPolicy`` gets generation requests. Backends with their own continuous batching (vLLM's async engine
+  or server, HTTP APIs) get each request the moment it exists; batch backends (``hf``, offline vLLM) go
+  through ``BatchScheduler``, which sends whatever is waiting whenever the generator is free.
+- Any other ``Policy`` (baselines, ``rl_llm.agents.human.Human``) makes one ``EpisodeAgent`` per episode
+  (``policy.start_episode(EpisodeStart(env, info, seed, group_index))``, after the reset) and is asked
+  ``await agent.aact(conversation)`` every turn; the agent keeps its episode's state, so nothing depends on
+  which episodes run beside it. Its trajectory has the messages, turns, rewards and metrics and no tokens;
+  with ``tokenizer=`` (SFT expert data) its actions are recorded token-in, token-out like a policy's, each
+  action's tokens as POLICY tokens with log-prob 0.
 
 Token-in, token-out (token backends): the chat template renders the first prompt once (PROMPT tokens);
 then each turn appends the policy's tokens exactly as generated (POLICY tokens, with the generator's
@@ -30,10 +39,21 @@ two turns once ``until(finished)`` holds, and returns it as a ``PausedEpisode`` 
 the trajectory so far); a later run given ``EpisodeJob(resume=paused)`` continues it, possibly with newer
 weights: each turn keeps the policy version that produced it.
 
-A failed generation or env call ends that episode with ``end_reason="error"`` and the reason in
-``trajectory.error``; every other episode goes on and every requested trajectory is returned.
+A failed generation, agent or env call ends that episode with ``end_reason="error"`` and the reason in
+``trajectory.error``; every other episode goes on and every requested trajectory is returned. (An env that
+cannot be built at all, or an ``on_trajectory`` callback that raises, stops the whole run.)
 ``write_trajectories`` / ``read_trajectories`` store them as JSONL (one record per line, with
 ``schema_version``).
+
+Two-player games (PettingZoo AEC and parallel; not played here yet, ``rl_llm.agents.tournament`` still has its
+own loop). Everything an episode keeps per player is one ``_Seat``: its recorder (its own ``Trajectory``), the
+stop strings its env info names, and its ``EpisodeAgent`` (None for the engine's LLM policy, which gets
+generation requests); ``_act(seat, job)`` is the one way a seat's next action is obtained, for either kind.
+A game episode is then one env and one seat per player, each seat from its own policy (``EpisodeStart.seat``
+names the player, so one policy can hold both seats): the coroutine asks the seat ``env.agent_selection``
+names (AEC; a parallel game's active seats at once, ``asyncio.gather``), steps the env, and records the
+reward and the new observation in each seat's trajectory. LLM seats of all matches share the scheduler, so
+their requests are batched across matches and seats as single-agent episodes' are.
 """
 
 from __future__ import annotations
@@ -52,7 +72,7 @@ from rl_llm.agents.aio import run_sync
 from rl_llm.agents.batching import BatchScheduler, BatchStats
 from rl_llm.agents.http_client import ContextLengthExceeded
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy
-from rl_llm.agents.policy import Completion
+from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy, as_completion
 from rl_llm.types import Message, TokenRole, Trajectory, Turn
 
 EnvFactory = Callable[[], gym.Env]
@@ -73,12 +93,11 @@ class PausedEpisode:
 
     job: EpisodeJob
     env: gym.Env
-    recorder: _Recorder
-    stop: tuple[str, ...]
+    seat: _Seat
 
     @property
     def trajectory(self) -> Trajectory:
-        return self.recorder.trajectory
+        return self.seat.record.trajectory
 
     def close(self) -> None:
         self.env.close()
@@ -92,7 +111,7 @@ class RolloutStats:
 
 def collect(
     env: str | EnvFactory,
-    policy: LLMPolicy,
+    policy: Policy,
     seeds: Sequence[int | None],
     group_size: int = 1,
     *,
@@ -106,8 +125,8 @@ def collect(
     """Play ``group_size`` episodes per seed and return their trajectories (seed-major, then group index).
 
     ``engine_options`` go to ``RolloutEngine`` (``env_workers``, ``max_batch_size``, ``gather_timeout_s``,
-    ``max_context_tokens``). ``on_trajectory`` is called (on the engine's event-loop thread) as each
-    episode ends.
+    ``max_context_tokens``, ``tokenizer``). ``on_trajectory`` is called (on the engine's event-loop thread) as
+    each episode ends.
     """
     if group_size < 1:
         raise ValueError(f"group_size must be at least 1, got {group_size}")
@@ -125,7 +144,7 @@ def collect(
 class RolloutEngine:
     def __init__(
         self,
-        policy: LLMPolicy,
+        policy: Policy,
         env: str | EnvFactory,
         *,
         env_kwargs: dict[str, Any] | None = None,
@@ -135,13 +154,19 @@ class RolloutEngine:
         max_batch_size: int | None = None,
         gather_timeout_s: float | None = None,
         max_context_tokens: int | None = None,
+        tokenizer: Any = None,
     ) -> None:
-        if not isinstance(policy, LLMPolicy):
-            raise TypeError(f"the rollout engine needs an LLM policy, got {type(policy).__name__}; "
-                            "baselines run through rl_llm.agents.evaluate.run_episodes")  # fmt: skip
+        """``tokenizer``: record a non-LLM agent's episodes token-in, token-out with this tokenizer's chat
+        template (expert data for SFT); an LLM policy's own tokenizer is always used for its episodes."""
+        if not isinstance(policy, Policy):
+            raise TypeError(f"the rollout engine plays a Policy, got {type(policy).__name__}")
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self.policy = policy
+        self.llm: LLMPolicy | None = policy if isinstance(policy, LLMPolicy) else None
+        if self.llm is not None and tokenizer is not None:
+            raise ValueError("tokenizer= is for agents without one; an LLM policy records with its own")
+        self.tokenizer = tokenizer
         if isinstance(env, str):
             import rl_llm  # noqa: F401  (registers the environments)
 
@@ -151,7 +176,8 @@ class RolloutEngine:
             if env_kwargs:
                 raise ValueError("env_kwargs apply to an env id; bind them into the factory instead")
             self.env_id, self.make_env = "", env
-        self.max_new_tokens = max_new_tokens or policy.sampling.max_new_tokens
+        default_tokens = self.llm.sampling.max_new_tokens if self.llm is not None else 1 << 30
+        self.max_new_tokens = max_new_tokens or default_tokens
         self.concurrency = concurrency
         self.env_workers = env_workers or min(concurrency, 32)
         self.max_batch_size = max_batch_size or getattr(policy, "max_batch_size", 64)
@@ -168,7 +194,7 @@ class RolloutEngine:
         """One result per job, in order: a ``Trajectory``, or (only with ``until``) a ``PausedEpisode``.
 
         ``until(finished_so_far)`` is checked as each episode ends; once it holds, the episodes still running
-        stop before their next generation request and come back paused (partial rollouts).
+        stop before their next action and come back paused (partial rollouts).
         """
         return run_sync(self.arun(jobs, on_trajectory, until))
 
@@ -186,12 +212,13 @@ class RolloutEngine:
         self._idle_envs: list[gym.Env] = []
         self._all_envs: list[gym.Env] = []
         self._live = 0
+        self._chat_format = self._recording_format()
         self._env_pool = ThreadPoolExecutor(self.env_workers, thread_name_prefix="rl-llm-env")
         self._scheduler: BatchScheduler | None = None
         scheduler_task = None
-        if not self.policy.concurrent:
+        if self.llm is not None and not self.llm.concurrent:
             self._scheduler = BatchScheduler(
-                self.policy.generate, lambda: self._live, self.policy.generation_thread(), self.max_batch_size,
+                self.llm.generate, lambda: self._live, self.llm.generation_thread(), self.max_batch_size,
                 self.gather_timeout_s,
             )
             self._scheduler.stats = self.stats.batches  # accumulates over runs, like the other stats
@@ -212,6 +239,16 @@ class RolloutEngine:
             self._env_pool.shutdown(wait=False)
         self.stats.policy_tokens += sum(t.num_policy_tokens for t in trajectories if isinstance(t, Trajectory))
         return list(trajectories)
+
+    def _recording_format(self) -> Any:
+        """The ChatFormat that episodes are tokenized with (None: messages only)."""
+        if self.llm is not None:
+            return self.llm.chat_format if self.llm.tokenizer is not None else None
+        if self.tokenizer is None:
+            return None
+        from rl_llm.agents.chat import ChatFormat
+
+        return ChatFormat(self.tokenizer)
 
     # -- one episode ------------------------------------------------------------------------------------
     async def _episode(self, job: EpisodeJob) -> Trajectory | PausedEpisode:
@@ -245,42 +282,46 @@ class RolloutEngine:
     async def _play(self, env: gym.Env, job: EpisodeJob) -> tuple[Trajectory | PausedEpisode, bool]:
         """Play (or resume) one episode; the flag says whether the env is fit for reuse (no exception escaped
         it). With partial rollouts the result may be a ``PausedEpisode``, taken between two turns."""
-        policy = self.policy
         if job.resume is not None:
-            record, stop = job.resume.recorder, job.resume.stop
+            seat = job.resume.seat
         else:
+            policy = self.policy
             record = _Recorder(Trajectory(
                 env_id=self.env_id or _env_id(env), task_id="", seed=job.seed, group_index=job.group_index,
-                policy_version=policy.policy_version, temperature=policy.logprob_temperature,
-            ), tokenized=policy.tokenizer is not None)  # fmt: skip
+                policy_version=getattr(policy, "policy_version", 0),
+                temperature=getattr(policy, "logprob_temperature", 1.0),
+            ), self._chat_format)  # fmt: skip
             try:
                 observation, info = await self._in_env_thread(env.reset, seed=job.seed, options=job.options)
             except Exception as error:
                 return record.fail(f"env.reset failed: {type(error).__name__}: {error}"), False
-            record.start(info, observation, job, policy)
-            stop = tuple(info.get("stop", ()))
+            record.start(info, observation, job)
+            seat = _Seat(record, tuple(info.get("stop", ())))
+            if self.llm is None:
+                start = EpisodeStart(env, info, seed=job.seed, group_index=job.group_index)
+                try:
+                    seat.agent = await self._in_env_thread(policy.start_episode, start)
+                except Exception as error:
+                    return record.fail(f"agent failed: {type(error).__name__}: {error}"), True
+        result, healthy = await self._turns(env, job, seat)
+        if seat.agent is not None and isinstance(result, Trajectory):
+            seat.agent.end(result)
+        return result, healthy
+
+    async def _turns(self, env: gym.Env, job: EpisodeJob, seat: _Seat) -> tuple[Trajectory | PausedEpisode, bool]:
+        record = seat.record
+        actor = "agent" if seat.agent is not None else "generation"
         while True:
             if self._pausing:
-                return PausedEpisode(replace(job, resume=None), env, record, stop), True
-            budget = min(self.max_new_tokens, self.max_context_tokens - len(record.trajectory.token_ids))
-            if record.tokenized and budget < 1:
-                return record.end("context_limit"), True
-            request = GenerationRequest(
-                messages=list(record.trajectory.messages),
-                prompt_ids=list(record.trajectory.token_ids) if record.tokenized else None,
-                stop=stop,
-                max_new_tokens=budget,
-                # Names the draw, so seeded backends sample it the same whatever the batch (agents/hf.py).
-                metadata={"seed": job.seed, "group_index": job.group_index, "turn": len(record.trajectory.turns)},
-            )
+                return PausedEpisode(replace(job, resume=None), env, seat), True
             try:
-                completion = await self._generate(request)
-                version = completion.policy_version
-                record.add_completion(completion, policy.policy_version if version is None else version)
+                completion = await self._act(seat, job)
             except ContextLengthExceeded:  # a chat-only server counted the tokens for us: the episode is full
                 return record.end("context_limit"), True
             except Exception as error:
-                return record.fail(f"generation failed: {type(error).__name__}: {error}"), True
+                return record.fail(f"{actor} failed: {type(error).__name__}: {error}"), True
+            if completion is None:
+                return record.end("context_limit"), True
             try:
                 observation, reward, terminated, truncated, info = await self._in_env_thread(env.step, completion.text)
             except Exception as error:
@@ -289,13 +330,40 @@ class RolloutEngine:
             if terminated or truncated:
                 record.trajectory.terminated, record.trajectory.truncated = bool(terminated), bool(truncated)
                 return record.end("terminated" if terminated else "truncated"), True
-            if not record.add_observation(observation, completion, policy, self.max_context_tokens):
+            if not record.add_observation(observation, completion, self.max_context_tokens):
                 return record.end("context_limit"), True
+
+    async def _act(self, seat: _Seat, job: EpisodeJob) -> Completion | None:
+        """The seat's next action, recorded in its trajectory; None when its token record has no room left."""
+        record = seat.record
+        trajectory = record.trajectory
+        budget = min(self.max_new_tokens, self.max_context_tokens - len(trajectory.token_ids))
+        if record.tokenized and budget < 1:
+            return None
+        if seat.agent is None:  # the engine's LLM policy
+            request = GenerationRequest(
+                messages=list(trajectory.messages),
+                prompt_ids=list(trajectory.token_ids) if record.tokenized else None,
+                stop=seat.stop,
+                max_new_tokens=budget,
+                # Names the draw, so seeded backends sample it the same whatever the batch (agents/hf.py).
+                metadata={"seed": job.seed, "group_index": job.group_index, "turn": len(trajectory.turns)},
+            )
+            completion = await self._generate(request)
+        else:
+            completion = as_completion(await seat.agent.aact(list(trajectory.messages)))
+            if record.tokenized and completion.token_ids is None:  # an expert's text, as the model's tokens
+                token_ids = record.chat_format.encode(completion.text)
+                completion = replace(completion, token_ids=token_ids, logprobs=[0.0] * len(token_ids),
+                                     finish_reason=completion.finish_reason or "stop")  # fmt: skip
+        version = completion.policy_version
+        record.add_completion(completion, getattr(self.policy, "policy_version", 0) if version is None else version)
+        return completion
 
     async def _generate(self, request: GenerationRequest) -> Completion:
         if self._scheduler is not None:
             return await self._scheduler.submit(request)
-        return await self.policy.agenerate(request)
+        return await self.llm.agenerate(request)
 
     async def _in_env_thread(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         call = functools.partial(function, *args, **kwargs)
@@ -312,11 +380,12 @@ class RolloutEngine:
 
 
 class _Recorder:
-    """Builds one trajectory: messages, turns, and (token backends) tokens with roles and log-probs."""
+    """Builds one trajectory: messages, turns, and (with a chat format) tokens with roles and log-probs."""
 
-    def __init__(self, trajectory: Trajectory, tokenized: bool) -> None:
+    def __init__(self, trajectory: Trajectory, chat_format: Any = None) -> None:
         self.trajectory = trajectory
-        self.tokenized = tokenized
+        self.chat_format = chat_format
+        self.tokenized = chat_format is not None
 
     def _add_tokens(self, token_ids: Sequence[int], role: TokenRole, logprobs: Sequence[float] | None = None) -> None:
         trajectory = self.trajectory
@@ -324,14 +393,14 @@ class _Recorder:
         trajectory.token_roles += [int(role)] * len(token_ids)
         trajectory.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
 
-    def start(self, info: dict[str, Any], observation: str, job: EpisodeJob, policy: LLMPolicy) -> None:
+    def start(self, info: dict[str, Any], observation: str, job: EpisodeJob) -> None:
         trajectory = self.trajectory
         trajectory.task_id = str(info.get("task_id", ""))
         trajectory.group_id = f"{trajectory.task_id}|seed={job.seed}"
         system = info.get("system_prompt", "")
         trajectory.messages = ([Message("system", system)] if system else []) + [Message("user", observation)]
         if self.tokenized:
-            self._add_tokens(policy.chat_format.prompt_ids(trajectory.messages), TokenRole.PROMPT)
+            self._add_tokens(self.chat_format.prompt_ids(trajectory.messages), TokenRole.PROMPT)
 
     def add_completion(self, completion: Completion, policy_version: int) -> None:
         self._turn_start = len(self.trajectory.token_ids)
@@ -355,10 +424,10 @@ class _Recorder:
         ))  # fmt: skip
         self.trajectory.metrics = metrics
 
-    def add_observation(self, observation: str, completion: Completion, policy: LLMPolicy, limit: int) -> bool:
+    def add_observation(self, observation: str, completion: Completion, limit: int) -> bool:
         """Append the observation; False (and nothing appended) when it would leave no room to generate."""
         if self.tokenized:
-            token_ids = policy.chat_format.observation_ids(observation, completion.token_ids or [])
+            token_ids = self.chat_format.observation_ids(observation, completion.token_ids or [])
             if len(self.trajectory.token_ids) + len(token_ids) >= limit:
                 return False
             self._add_tokens(token_ids, TokenRole.ENV)
@@ -375,6 +444,16 @@ class _Recorder:
         self.trajectory.error = error
         self.trajectory.truncated = True
         return self.end("error")
+
+
+@dataclass
+class _Seat:
+    """One player's side of an episode: its recorder (its trajectory), the stop strings its env info names,
+    and who answers: its ``EpisodeAgent``, or None for the engine's LLM policy (generation requests)."""
+
+    record: _Recorder
+    stop: tuple[str, ...] = ()
+    agent: EpisodeAgent | None = None
 
 
 def _env_id(env: gym.Env) -> str:

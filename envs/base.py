@@ -1,9 +1,9 @@
 """``TextEnv``: the shared skeleton of every single-agent rl-llm environment.
 
-It owns what DESIGN.md section 2 fixes for all environments, so each environment file only holds its game:
-turn counting and the ``max_turns`` truncation, the info keys (``system_prompt``, ``task_id``, ``stop`` on
-reset; ``reward_components``, ``invalid_action``, ``metrics`` on every step), the text transcript behind
-``render()``, and a clear error when an ended episode is stepped.
+It owns what docs/design.md#the-environment-contract fixes for all environments, so each environment
+file only holds its game: turn counting and the ``max_turns`` truncation, the info keys (``system_prompt``,
+``task_id``, ``stop`` on reset; ``reward_components``, ``invalid_action``, ``metrics`` on every step), the
+text transcript behind ``render()``, and a clear error when an ended episode is stepped.
 
 A subclass implements ``_reset(options) -> Task`` and ``_step(action) -> Outcome``.
 """

@@ -6,15 +6,12 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import yaml
 from rich.markup import escape
 from rich.table import Table
-from rich.text import Text
 
 import rl_llm
 from rl_llm.console import make_console
@@ -77,31 +74,19 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_play(args: argparse.Namespace) -> int:
+    """One episode by the person at the terminal, played through the rollout engine like any agent."""
+    from rl_llm.agents.human import Human
+    from rl_llm.agents.rollout import collect
+
     env_id = resolve_env_id(args.env)
-    env = gym.make(env_id, **parse_kwargs(args.kwarg))
-    observation, info = env.reset(seed=args.seed)
-    stop = info["stop"]
-    tag = stop[0][2:-1] if stop else None
-    console.print(Text.assemble((env_id, "bold"), f"  task {info['task_id']}\n\n{info['system_prompt']}\n"))
-    if tag:
-        console.print(f"(Type a full turn, or just the {tag} content; it is wrapped in <{tag}></{tag}> for you.)")
-    total = 0.0
-    while True:
-        console.print(f"\n{observation}", markup=False)
-        try:
-            action = input("> ")
-        except EOFError:
-            console.print("\nbye")
-            return 0
-        if tag and "<" not in action:
-            action = f"<{tag}>{action}</{tag}>"
-        observation, reward, terminated, truncated, step_info = env.step(action)
-        total += reward
-        if terminated or truncated:
-            console.print(env.unwrapped.transcript.rsplit("\n\n", 1)[-1], markup=False)
-            console.print(f"\nEpisode over ({'terminated' if terminated else 'truncated'}). Return: {total:g}")
-            console.print(f"Metrics: {step_info['metrics']}", markup=False)
-            return 0
+    human = Human(console)
+    (trajectory,) = collect(env_id, human, [args.seed], env_kwargs=parse_kwargs(args.kwarg), concurrency=1)
+    if human.quit:
+        console.print("\nbye")
+        return 0
+    if trajectory.error is not None:
+        raise ValueError(trajectory.error)
+    return 0
 
 
 def print_summary(title: str, summaries: dict[str, dict[str, tuple[float, float]]]) -> None:
@@ -139,7 +124,7 @@ def cmd_tournament(game: str, args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from rl_llm.agents import is_llm_spec, make_policy
+    from rl_llm.agents import make_policy
 
     game = social_game(args.env)
     if game is not None:
@@ -154,14 +139,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          temperature=args.temperature)  # fmt: skip
     name = args.agent.replace(":", "_").replace("/", "_").replace("#", "_")
     out = Path(args.out or f"runs/eval/{env_id.split('/')[1]}-{name}.jsonl")
+    trajectories = out.with_suffix(".trajectories.jsonl")  # every agent's, for `rl-llm view`
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task(f"{args.agent} on {env_id}", total=args.episodes)
             records = evaluate(
                 env_id, policy, args.episodes, seed=args.seed, env_kwargs=kwargs, batch_size=args.batch_size,
-                on_episode=lambda record: progress.advance(task),
-                trajectories_out=out.with_suffix(".trajectories.jsonl") if is_llm_spec(args.agent) else None,
+                on_episode=lambda trajectory: progress.advance(task),
+                trajectories_out=trajectories,
             )  # fmt: skip
     finally:
         policy.close()
@@ -174,9 +160,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         plot = plot_records(records, out.with_suffix(".png"), title=f"{args.agent} on {env_id}")
     except ImportError:  # matplotlib comes with the llm extra
-        console.print(f"episodes written to {out} (no plot: pip install matplotlib)")
+        console.print(f"episodes written to {out}, trajectories to {trajectories} (no plot: pip install matplotlib)")
         return 0
-    console.print(f"episodes written to {out}, plot to {plot}")
+    console.print(f"episodes written to {out}, trajectories to {trajectories}, plot to {plot}")
     return 0
 
 
@@ -186,7 +172,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         return bench_main(args, console)
     from rl_llm.agents.baselines import baselines_for, make_baseline
-    from rl_llm.agents.evaluate import run_episodes, summarize
+    from rl_llm.agents.evaluate import evaluate, summarize
     from rl_llm.agents.tournament import print_tournament, run_tournament
     from rl_llm.envs.social import GAMES
 
@@ -198,10 +184,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print_tournament(run_tournament(game, baselines_for(game), seeds=seeds), console)
             continue
         env_id = resolve_env_id(name)
-        make_env = partial(gym.make, env_id)
         summaries = {
-            baseline: summarize(run_episodes(make_env, make_baseline(baseline, env_id, seed=args.seed),
-                                             args.episodes, seed=args.seed))
+            baseline: summarize(evaluate(env_id, make_baseline(baseline, env_id, seed=args.seed), args.episodes,
+                                         seed=args.seed))
             for baseline in baselines_for(env_id)
         }  # fmt: skip
         if summaries:

@@ -60,12 +60,34 @@ def sandbox_problem() -> str | None:
     return None
 
 
+# Environments that need an optional extra (``pip install 'rl-llm[math]'``): tests that play them skip, naming
+# what to install, where it is missing, instead of failing.
+NEEDS_MATH_EXTRA = frozenset({"rl-llm/Math-v0"})
+
+
+def skip_without_math_extra(what: str = "rl-llm/Math-v0") -> None:
+    """Skip the running test when reasoning-gym or math-verify cannot be imported (checked only when asked:
+    importing them takes seconds)."""
+    from rl_llm.envs.math.problems import reasoning_gym_import_error
+
+    if (missing := reasoning_gym_import_error()) is not None:
+        pytest.skip(f"{what} needs the math extra: {missing}")
+
+
+@pytest.fixture
+def math_extra() -> None:
+    """For tests that play rl-llm/Math-v0 without being parametrized over ``env_id`` (e.g. a suite holding it)."""
+    skip_without_math_extra("this test plays rl-llm/Math-v0, which")
+
+
 @pytest.fixture(autouse=True)
 def _skip_envs_this_machine_cannot_run(request: pytest.FixtureRequest) -> None:
     callspec = getattr(request.node, "callspec", None)
     env_id = callspec.params.get("env_id") if callspec is not None else None
     if env_id in NEEDS_SANDBOX and (problem := sandbox_problem()) is not None:
         pytest.skip(f"{env_id} needs an isolating sandbox: {problem}")
+    if env_id in NEEDS_MATH_EXTRA:
+        skip_without_math_extra(env_id)
 
 
 # One real vLLM OpenAI-compatible server of the tiny model, shared by every test that needs a real endpoint

@@ -1,4 +1,4 @@
-"""rl_llm.trainers: trajectory-level PPO / GRPO for multi-turn LLM agents (DESIGN.md section 6).
+"""rl_llm.trainers: trajectory-level PPO / GRPO for multi-turn LLM agents (docs/design.md#the-trainer-loop).
 
 - ``grpo.train_grpo`` / ``ppo.train_ppo``: the training loops; ``cli.train_main`` behind ``rl-llm train``;
   ``default_job``: what ``rl-llm train`` runs without a config.

@@ -1,4 +1,4 @@
-"""Advantage estimators of the trajectory-level PPO / GRPO family (research protocols, section 8).
+"""Advantage estimators of the PPO / GRPO family (docs/research-protocols.md#policy-gradient-estimators).
 
 Outcome estimators (GRPO, Dr. GRPO, RLOO, REINFORCE) turn one scalar return per trajectory into one scalar
 advantage, which ``broadcast`` copies onto every policy token of that trajectory (all turns alike). GAE works
@@ -19,9 +19,10 @@ def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.
     """Per-trajectory group size, group mean and unbiased group std (std 0 for groups of one)."""
     _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
     rewards = rewards.to(torch.float64)
-    sums = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inverse, rewards)
+    # on the rewards' device: a CPU accumulator fails (or copies) as soon as the rewards live on a GPU
+    sums = torch.zeros(len(counts), dtype=torch.float64, device=rewards.device).index_add_(0, inverse, rewards)
     means = sums / counts
-    squares = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inverse, (rewards - means[inverse]) ** 2)
+    squares = torch.zeros_like(sums).index_add_(0, inverse, (rewards - means[inverse]) ** 2)
     stds = torch.where(counts > 1, (squares / (counts - 1).clamp(min=1)).sqrt(), torch.zeros_like(squares))
     return counts[inverse], means[inverse], stds[inverse]
 

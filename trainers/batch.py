@@ -79,11 +79,14 @@ def collate(
         raise ValueError(f"got {len(scores)} scores for {len(trajectories)} trajectories")
     width = max(len(t.token_ids) for t in trajectories)
     n = len(trajectories)
-    input_ids = torch.full((n, width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((n, width), dtype=torch.long)
-    policy_mask = torch.zeros((n, width), dtype=torch.bool)
-    old_logprobs = torch.zeros((n, width), dtype=torch.float32)
-    token_rewards = torch.zeros((n, width), dtype=torch.float32)
+    # Built on the CPU whatever the default device (row by row on a GPU would be one small copy per row);
+    # the caller moves the whole batch with ``.to(device)``.
+    cpu = torch.device("cpu")
+    input_ids = torch.full((n, width), pad_token_id, dtype=torch.long, device=cpu)
+    attention_mask = torch.zeros((n, width), dtype=torch.long, device=cpu)
+    policy_mask = torch.zeros((n, width), dtype=torch.bool, device=cpu)
+    old_logprobs = torch.zeros((n, width), dtype=torch.float32, device=cpu)
+    token_rewards = torch.zeros((n, width), dtype=torch.float32, device=cpu)
     totals = []
     for row, trajectory in enumerate(trajectories):
         length = len(trajectory.token_ids)
@@ -95,10 +98,10 @@ def collate(
         policy_positions = [i for i, role in enumerate(trajectory.token_roles) if role == TokenRole.POLICY]
         if not policy_positions:
             raise ValueError(f"trajectory {row} ({trajectory.task_id}) has no policy tokens; drop it before collate")
-        input_ids[row, :length] = torch.tensor(trajectory.token_ids, dtype=torch.long)
+        input_ids[row, :length] = torch.tensor(trajectory.token_ids, dtype=torch.long, device=cpu)
         attention_mask[row, :length] = 1
         policy_mask[row, policy_positions] = True
-        old_logprobs[row, :length] = torch.tensor(trajectory.logprobs, dtype=torch.float32)
+        old_logprobs[row, :length] = torch.tensor(trajectory.logprobs, dtype=torch.float32, device=cpu)
         for position, turn in zip(_reward_positions(trajectory, policy_positions), trajectory.turns, strict=True):
             token_rewards[row, position] += turn.reward
         total = trajectory.total_reward if scores is None else float(scores[row])
@@ -111,9 +114,9 @@ def collate(
         policy_mask=policy_mask,
         old_logprobs=old_logprobs,
         token_rewards=token_rewards,
-        scores=torch.tensor(totals, dtype=torch.float32),
-        group_ids=torch.tensor(group_index([t.task_id for t in trajectories]), dtype=torch.long),
-        policy_versions=torch.tensor([t.policy_version for t in trajectories], dtype=torch.long),
+        scores=torch.tensor(totals, dtype=torch.float32, device=cpu),
+        group_ids=torch.tensor(group_index([t.task_id for t in trajectories]), dtype=torch.long, device=cpu),
+        policy_versions=torch.tensor([t.policy_version for t in trajectories], dtype=torch.long, device=cpu),
     )
 
 
@@ -121,7 +124,10 @@ def minibatch_indices(size: int, num_minibatches: int, generator: torch.Generato
     """A shuffled split of ``range(size)`` into ``num_minibatches`` near-equal parts (none empty)."""
     if not 1 <= num_minibatches <= size:
         raise ValueError(f"need 1 <= minibatches <= batch size ({size}), got {num_minibatches}")
-    permutation = torch.randperm(size, generator=generator)
+    # Drawn where the generator lives (the CPU for the trainer's shuffle), not on the default device: randperm
+    # refuses a generator of another device. Callers move the indices to the batch's device.
+    device = generator.device if generator is not None else torch.device("cpu")
+    permutation = torch.randperm(size, generator=generator, device=device)
     return [part for part in torch.tensor_split(permutation, num_minibatches) if len(part)]
 
 

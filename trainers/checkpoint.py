@@ -41,7 +41,10 @@ def restore_rng_state(state: dict[str, Any], generator: torch.Generator | None =
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"].cpu())
     if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+        # One state per GPU of the saving machine: restore those this one has (a checkpoint from a machine with
+        # more GPUs must not fail on the missing ones; one saved without CUDA has none and leaves them seeded).
+        for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state.cpu(), index)
     if generator is not None and "generator" in state:
         generator.set_state(state["generator"].cpu())
 

@@ -47,7 +47,7 @@ def train_main(config_path: str | None, overrides: list[str], out: str | None = 
     console.print(f"run directory: {run_dir}", highlight=False)
     try:
         summary = run_training(config, run_dir)
-    except (FileNotFoundError, ImportError) as error:  # a missing local model, or vLLM not installed
+    except (ConfigError, FileNotFoundError, ImportError) as error:  # e.g. a GPU this machine lacks, no model, no vLLM
         console.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
         return 2
     console.print(

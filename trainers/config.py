@@ -48,8 +48,16 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     path: str = "tiny"  # "tiny" builds the local tiny model; otherwise a local HF model directory
-    dtype: str = "float32"  # float32 | bfloat16 | float16
+    # float32 | bfloat16 | float16: the precision forward passes compute in. bfloat16 / float16 are mixed
+    # precision (trainers/precision.py): trained weights and optimizer state stay float32, forward passes and
+    # generation run under autocast, float16 adds loss scaling; frozen weights (a LoRA base) stay in this dtype.
+    dtype: str = "float32"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # CUDA only: the same config and seed give the same run on the same machine and batch layout. Sets
+    # torch.use_deterministic_algorithms(True, warn_only=True), cuDNN deterministic without autotuning, and
+    # CUBLAS_WORKSPACE_CONFIG=:4096:8 (unless set). Costs speed: some kernels (scatter/index_add, attention
+    # backward) take slower deterministic paths; ops without one warn. No effect on CPU runs.
+    deterministic: bool = True
     gradient_checkpointing: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)
 
@@ -57,7 +65,7 @@ class ModelConfig:
 @dataclass
 class VllmConfig:
     # colocate: in-process engine, load_weights + sleep/wake; server: a vLLM server process, weights pushed over a
-    # torch process group (NCCL between GPUs, else gloo on CPU tensors; rl_llm/trainers/server_sync.py)
+    # torch process group (NCCL between GPUs, else gloo on CPU tensors; trainers/server_sync.py)
     mode: str = "colocate"
     gpu_memory_utilization: float = 0.3  # of the GPU the engine shares with the trainer (of host RAM on CPU)
     sleep: bool = True  # put the engine to sleep during updates to free the GPU memory it holds

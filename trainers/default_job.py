@@ -8,12 +8,12 @@ for training seeds 0..4 and prints the figures (the README quotes them).
 
 Setting, and why:
 - The bandit instance is fixed (arm means 0.2 / 0.9 / 0.5, ``means=...``) and the reward is the
-  *strategic* reward of the research protocols (``(mu_a - mu_min) / (mu* - mu_min)`` per pull): a
+  *strategic* reward of docs/research-protocols.md#bandits (``(mu_a - mu_min) / (mu* - mu_min)`` per pull): a
   noise-free signal, so learning shows within a few steps. An invalid turn costs 3 (the env then pulls a
   random arm, whose reward is noise to the learner). Because the instance is the same in every episode, the
   policy learns it *across* episodes, in its weights; random and UCB start every episode knowing nothing
   (UCB spends 3 of its 4 pulls trying each arm), so they are the scale, not the opponents. Learning to
-  explore *within* an episode (``means`` drawn per seed) is the harder task of the research protocols and
+  explore *within* an episode (``means`` drawn per seed) is the harder task of those protocols and
   needs a real model and many more steps.
 - ``env.action_template = "<action>{}</action>"`` with one generated token per turn: the generator writes
   only the content of the action tag and the trainer wraps it before the env parses it. A randomly

@@ -56,5 +56,5 @@ def score_and_update(run: TrainingRun, trajectories: list[Trajectory], timer: St
     # 4. Update: PPO-clip minibatch steps with gradient accumulation (+ optional k3 KL, TIS weights).
     with timer("update"):
         stats = policy_update(run.model, run.optimizer, batch, advantages, config, run.shuffle,
-                              run.reference_fn, run.scheduler)  # fmt: skip
+                              run.reference_fn, run.scheduler, run.precision)  # fmt: skip
     return batch, stats

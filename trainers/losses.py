@@ -1,7 +1,7 @@
 """Token-level losses of the PPO / GRPO family and how they are reduced to one number.
 
 Every function here returns a per-token ``[N, T]`` matrix; ``aggregate`` reduces it over the policy-token mask
-with one of the three modes of the research protocols (section 8.10):
+with one of the three modes of docs/research-protocols.md#loss-aggregation:
 
 - ``seq_mean_token_mean`` (GRPO): mean over each sequence's tokens, then mean over sequences;
 - ``token_mean`` (DAPO): mean over all policy tokens of the batch;

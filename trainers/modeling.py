@@ -7,28 +7,105 @@ model's output at position ``t - 1`` (the state in which token ``t`` was chosen)
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from rl_llm.trainers.config import LoraConfig, ModelConfig
+from rl_llm.trainers.config import ConfigError, LoraConfig, ModelConfig
 from rl_llm.trainers.losses import entropy_from_logits
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
+
+
 def resolve_device(spec: str) -> torch.device:
+    """``model.device`` as a torch device, checked against this machine: never a silent fallback to the CPU.
+
+    ``auto`` is the current CUDA device when there is one, else the CPU (documented). An explicit ``cuda`` /
+    ``cuda:N`` that this machine cannot give is a ``ConfigError`` naming what is missing. ``cuda`` gets its
+    index (the current device), so it compares equal to the device of the tensors made on it.
+    """
     if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(spec)
+        return resolve_device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"model.device: {spec!r} is not a device; use {DEVICE_CHOICES}") from None
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type != "cuda":
+        raise ConfigError(f"model.device: {spec!r} is not supported by the trainer; use {DEVICE_CHOICES}")
+    if not torch.cuda.is_available():
+        why = "this torch is a CPU-only build" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ConfigError(f"model.device={spec} but CUDA is not available ({why}, torch {torch.__version__}); "
+                          "use model.device=cpu, or auto (the GPU when there is one)")  # fmt: skip
+    count = torch.cuda.device_count()
+    if device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    if device.index >= count:
+        raise ConfigError(f"model.device={spec} but this machine has {count} visible CUDA device(s) "
+                          f"(cuda:0 to cuda:{count - 1}; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+    return device
+
+
+def use_device(device: torch.device) -> torch.device:
+    """Make ``device`` this process's current CUDA device (a no-op off CUDA) and return it.
+
+    Code that says only "cuda" (libraries' defaults, NCCL, ``torch.cuda`` calls without an index) then means
+    the trainer's GPU, so ``model.device=cuda:1`` puts nothing on, and opens no context on, GPU 0.
+    """
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+def make_deterministic(device: torch.device, enabled: bool = True) -> bool:
+    """On CUDA, ask for deterministic kernels (``model.deterministic``); returns whether anything was set.
+
+    The CUDA promise (issue #29) is the same run from the same config and seed on the same machine and batch
+    layout, which some CUDA kernels break (atomics in scatter/index_add and attention backward, cuDNN's
+    autotuner picking a kernel by timing, cuBLAS splitting work across streams). cuBLAS reads its workspace
+    setting when it first starts, so call this before the first matmul on the GPU. Deterministic paths are
+    slower for some kernels; ops that have none warn (``warn_only``) rather than stop the run. Process-wide.
+
+    CPU runs are left alone: their determinism comes from the batch-invariant layout and fixed seeds, and
+    ``use_deterministic_algorithms`` would change nothing there but could raise for some ops.
+    """
+    if device.type != "cuda" or not enabled:
+        return False
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # a user's own setting wins
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    return True
+
+
+def release_cached_memory(device: torch.device) -> None:
+    """Give the memory PyTorch's caching allocator holds unused on ``device`` back to the driver.
+
+    Called between phases (rollout -> update, after the SFT warm start): what one phase freed is then there for
+    the next, or for a generator sharing the GPU, instead of staying reserved by this process. A no-op off CUDA.
+    """
+    if device.type == "cuda":
+        with torch.cuda.device(device):  # on the trainer's GPU, without opening a context on GPU 0
+            torch.cuda.empty_cache()
 
 
 def load_causal_lm(path: str | Path, config: ModelConfig, device: torch.device) -> nn.Module:
-    """A local Hugging Face causal LM in training mode, with LoRA adapters when ``config.lora.enabled``."""
+    """A local Hugging Face causal LM in training mode, with LoRA adapters when ``config.lora.enabled``.
+
+    Trained weights are float32 whatever ``config.dtype`` (master weights; the low dtype is the autocast
+    dtype of the forward passes, ``trainers/precision.py``). Under LoRA the base is frozen and loaded in
+    ``config.dtype``; peft keeps the adapters it adds in float32.
+    """
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[config.dtype]).to(device)
+    dtype = DTYPES[config.dtype] if config.lora.enabled else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
     if config.gradient_checkpointing:
         # transformers 5 renamed it; older versions only have the first name
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
@@ -121,7 +198,8 @@ class Critic(nn.Module):
     """PPO value model: a copy of the policy's transformer trunk and a scalar head.
 
     ``values[:, t]`` estimates the return from the state before token ``t`` (the trunk's hidden state at
-    ``t - 1``), the same alignment as the log-probs.
+    ``t - 1``), the same alignment as the log-probs. All of it is trained, so it is float32 (master weights)
+    even when copied from a low-precision LoRA base: trained in float16 it would turn NaN within a step.
     """
 
     def __init__(self, causal_lm: nn.Module) -> None:
@@ -129,13 +207,13 @@ class Critic(nn.Module):
         trunk = getattr(causal_lm, causal_lm.base_model_prefix, None)
         if trunk is None or trunk is causal_lm:
             raise ValueError(f"cannot find the transformer trunk of {type(causal_lm).__name__} for the critic")
-        self.trunk = copy.deepcopy(trunk)
+        self.trunk = copy.deepcopy(trunk).float()
         self.trunk.requires_grad_(True)
         hidden = causal_lm.config.hidden_size
-        self.head = nn.Linear(hidden, 1)
+        weight = next(self.trunk.parameters())  # the head is made where the trunk is, not on the default device
+        self.head = nn.Linear(hidden, 1, device=weight.device, dtype=weight.dtype)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
-        self.head.to(device=next(self.trunk.parameters()).device, dtype=next(self.trunk.parameters()).dtype)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
@@ -145,13 +223,18 @@ class Critic(nn.Module):
 
 class FrozenReference:
     """Log-probs of the initial policy for the KL term: the base model with adapters off under LoRA,
-    otherwise a frozen copy. Build it from the freshly loaded model, before a checkpoint is restored."""
+    otherwise a frozen copy. Build it from the freshly loaded model, before a checkpoint is restored.
 
-    def __init__(self, model: nn.Module) -> None:
+    ``dtype``: the copy's weights (e.g. float16 for a mixed-precision run: frozen, they need no float32
+    master copy; its forward passes run under the run's autocast like the policy's)."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None) -> None:
         self.model = model
         self.copy: nn.Module | None = None
         if not is_peft(model):
             self.copy = copy.deepcopy(model).eval().requires_grad_(False)
+            if dtype is not None:
+                self.copy.to(dtype)
 
     @torch.no_grad()
     def logprobs(

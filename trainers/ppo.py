@@ -37,7 +37,8 @@ def train_ppo(config: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
                 with timer("score"):
                     batch = run.score(trajectories)
                     # 3. Values and GAE over policy tokens (actor lambda for advantages, critic lambda for targets).
-                    values = batched_values(run.critic, batch, config.optim.micro_batch_size)
+                    with run.critic_precision.autocast():
+                        values = batched_values(run.critic, batch, config.optim.micro_batch_size)
                     advantages, returns = decoupled_gae(
                         batch.token_rewards, values, batch.policy_mask, ppo.gamma, ppo.lam_actor, ppo.lam_critic
                     )
@@ -45,10 +46,11 @@ def train_ppo(config: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
                         advantages = masked_whiten(advantages, batch.policy_mask)
                 # 4. Update the critic, then (after the value warm-up) the policy.
                 with timer("update"):
-                    stats = critic_update(run.critic, run.critic_optimizer, batch, values, returns, config, run.shuffle)
+                    stats = critic_update(run.critic, run.critic_optimizer, batch, values, returns, config, run.shuffle,
+                                          run.critic_precision)  # fmt: skip
                     if step > ppo.critic_warmup_steps:
                         stats |= policy_update(run.model, run.optimizer, batch, advantages, config, run.shuffle,
-                                               run.reference_fn, run.scheduler)  # fmt: skip
+                                               run.reference_fn, run.scheduler, run.precision)  # fmt: skip
                 # 5. Sync the new weights to the generator.
                 with timer("sync"):
                     if step > ppo.critic_warmup_steps:

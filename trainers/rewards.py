@@ -1,4 +1,5 @@
-"""Reward-level transforms applied between scoring and advantages (research protocols 1.6 and 8.5).
+"""Reward-level transforms applied between scoring and advantages (docs/research-protocols.md: OTC in
+#otc-tool-call-efficiency, PODS in #pods-down-sampling).
 
 - OTC (Optimal Tool Calls): scale a correct answer's reward by how close its number of tool calls ``m`` is to
   the optimum ``n``, estimated as the fewest calls among the group's correct trajectories (and the fewest

@@ -39,9 +39,13 @@ from rl_llm.trainers.modeling import (
     FrozenReference,
     is_peft,
     load_causal_lm,
+    make_deterministic,
+    release_cached_memory,
     resolve_device,
     trainable_state,
+    use_device,
 )
+from rl_llm.trainers.precision import Precision
 from rl_llm.trainers.rewards import OTCTransform, pods_select
 from rl_llm.trainers.sync import make_weight_sync
 from rl_llm.types import Trajectory
@@ -77,11 +81,15 @@ def seed_everything(seed: int) -> None:
 
 
 class StepTimer:
-    """Wall time per phase of one step (``with timer("rollout"): ...``)."""
+    """Wall time per phase of one step (``with timer("rollout"): ...``); starting one also starts a new
+    peak of the GPU memory PyTorch allocates (``memory/peak_gpu_gib`` in the step's metrics)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.started = time.perf_counter()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            for index in range(torch.cuda.device_count()):  # allocator counters (log_step reads the trainer's)
+                torch.cuda.reset_peak_memory_stats(index)
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
@@ -109,6 +117,9 @@ def resolve_model_path(config: TrainConfig) -> Path:
 class TrainingRun:
     def __init__(self, config: TrainConfig, run_dir: str | Path, with_critic: bool = False) -> None:
         self.config = config
+        device = resolve_device(config.model.device)  # a device this machine lacks fails here
+        make_deterministic(device, config.model.deterministic)  # before anything runs on the GPU
+        self.device = use_device(device)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=config.log.keep_checkpoints)
@@ -116,7 +127,6 @@ class TrainingRun:
         if resume is None:
             write_text_atomic(self.run_dir / "config.yaml", yaml.safe_dump(config_to_dict(config), sort_keys=False))
         seed_everything(config.seed)
-        self.device = resolve_device(config.model.device)
         self.model_path = resolve_model_path(config)
         self._build_models(with_critic)
         self.shuffle = torch.Generator().manual_seed(config.seed)
@@ -133,7 +143,8 @@ class TrainingRun:
 
             warm_start(self)
             if self.reference is not None:
-                self.reference = FrozenReference(self.model)  # the KL anchor is the warm-started policy
+                self.reference = self._reference()  # the KL anchor is the warm-started policy
+            release_cached_memory(self.device)  # the SFT optimizer's state and activations are garbage now
         self.generator = self._build_generator()
         try:  # the generator may be a server process: stop it if the run cannot start
             if config.rollout.max_staleness is not None and config.rollout.backend == "hf":
@@ -166,18 +177,26 @@ class TrainingRun:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = load_causal_lm(self.model_path, config.model, self.device)
+        # Mixed precision (trainers/precision.py): float32 trained weights, forward passes under autocast in
+        # model.dtype, float16 loss scaling. One per optimizer: each has its own loss scale.
+        self.precision = Precision(config.model.dtype, self.device)
         # The reference is the initial policy: built now, before a checkpoint overwrites the weights.
-        self.reference = FrozenReference(self.model) if config.loss.kl_coef > 0 else None
+        self.reference = self._reference() if config.loss.kl_coef > 0 else None
         self.optimizer = self._adam([p for p in self.model.parameters() if p.requires_grad], config.optim.lr)
         warmup = config.optim.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup > 0 else 1.0
         )
-        self.critic = self.critic_optimizer = None
+        self.critic = self.critic_optimizer = self.critic_precision = None
         if with_critic:
             base = self.model.get_base_model() if is_peft(self.model) else self.model
             self.critic = Critic(base).to(self.device)
             self.critic_optimizer = self._adam(list(self.critic.parameters()), config.ppo.critic_lr or config.optim.lr)
+            self.critic_precision = Precision(config.model.dtype, self.device)
+
+    def _reference(self) -> FrozenReference:
+        """The KL anchor: the current policy, frozen (its copy in model.dtype: no master weights to keep)."""
+        return FrozenReference(self.model, self.precision.dtype)
 
     def _adam(self, parameters: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
         optim = self.config.optim
@@ -192,10 +211,12 @@ class TrainingRun:
             # Share the trainer's module (the LoRA-injected base model under peft): no copy, no sync traffic.
             module = self.model.get_base_model() if is_peft(self.model) else self.model
             if config.rollout.max_staleness is not None:
-                # Asynchronous training generates while the trainer updates: the generator needs its own copy.
-                module = copy.deepcopy(module).requires_grad_(False)
+                # Asynchronous training generates while the trainer updates: the generator needs its own copy
+                # (frozen, so in model.dtype; snapshots are cast into it as they load).
+                module = copy.deepcopy(module).requires_grad_(False).to(self.precision.dtype)
+            # Generation under the trainer's autocast: the same numerics as the update's forward passes.
             return HFPolicy(module, self.tokenizer, sampling=sampling, max_batch_size=config.rollout.concurrency,
-                            seed=config.seed)
+                            seed=config.seed, autocast_dtype=self.precision.autocast_dtype)
         vllm = config.rollout.vllm
         if vllm.mode == "colocate":
             from rl_llm.agents.vllm_backend import VLLMPolicy
@@ -223,6 +244,7 @@ class TrainingRun:
         trajectories = collect(self.make_env, self.generator, seeds, rollout.group_size,
                                max_new_tokens=rollout.max_new_tokens, concurrency=rollout.concurrency)  # fmt: skip
         self.sync.before_update()
+        release_cached_memory(self.device)  # generation's KV caches: free for the update (and a colocated engine)
         return trajectories
 
     def score(self, trajectories: list[Trajectory]) -> TrainBatch:
@@ -263,6 +285,8 @@ class TrainingRun:
         metrics.update({f"loss/{name}": value for name, value in stats.items()})
         metrics["episode/dropped"] = float(self.dropped)
         metrics.update(timer.metrics())
+        if self.device.type == "cuda":  # since the step began (StepTimer), before any evaluation below
+            metrics["memory/peak_gpu_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         rollout_s = timer.seconds.get("rollout", 0.0)
         metrics["throughput/policy_tokens_per_s"] = metrics["episode/policy_tokens_total"] / rollout_s if rollout_s else 0.0
         metrics["policy_version"] = self.policy_version
@@ -288,6 +312,9 @@ class TrainingRun:
         if self.critic is not None:
             tensors["critic"] = self.critic.state_dict()
             tensors["critic_optimizer"] = self.critic_optimizer.state_dict()
+        if self.precision.scaler is not None:  # float16: the loss scales, for an exact resume
+            tensors["precision"] = {"policy": self.precision.state_dict(),
+                                    "critic": self.critic_precision.state_dict() if self.critic_precision else {}}
         state = {
             "next_seed": self.next_seed,
             "pending_seeds": list(self.pending_seeds),
@@ -297,7 +324,9 @@ class TrainingRun:
         return self.checkpointer.save(self.step, tensors, state)
 
     def _restore(self, path: Path) -> None:
-        tensors, state = self.checkpointer.load(path, map_location=self.device)
+        # Onto the CPU: load_state_dict copies each tensor to its parameter's device, and the optimizer keeps its
+        # step counters on the CPU as a fresh one does (mapped to a GPU they would cost a sync per parameter).
+        tensors, state = self.checkpointer.load(path, map_location="cpu")
         _, unexpected = self.model.load_state_dict(tensors["policy"], strict=not is_peft(self.model))
         if unexpected:
             raise RuntimeError(f"checkpoint {path} does not fit the model: unexpected keys {unexpected[:5]}")
@@ -306,6 +335,10 @@ class TrainingRun:
         if self.critic is not None:
             self.critic.load_state_dict(tensors["critic"])
             self.critic_optimizer.load_state_dict(tensors["critic_optimizer"])
+        scales = tensors.get("precision", {})  # absent unless float16 (or from before loss scaling)
+        self.precision.load_state_dict(scales.get("policy", {}))
+        if self.critic_precision is not None:
+            self.critic_precision.load_state_dict(scales.get("critic", {}))
         restore_rng_state(tensors["rng"], self.shuffle)
         self.step = int(state["step"])
         self.next_seed = int(state["next_seed"])

@@ -37,6 +37,7 @@ from rl_llm.agents.rollout import collect
 from rl_llm.trainers.batch import TrainBatch, collate, micro_batches
 from rl_llm.trainers.checkpoint import write_text_atomic
 from rl_llm.trainers.modeling import token_logprobs
+from rl_llm.trainers.precision import Precision
 from rl_llm.types import Trajectory
 
 if TYPE_CHECKING:
@@ -113,13 +114,13 @@ def expert_trajectories(
     return trajectories
 
 
-def expert_nll(model: nn.Module, batch: TrainBatch, micro_batch_size: int = 32) -> float:
+def expert_nll(model: nn.Module, batch: TrainBatch, micro_batch_size: int = 32, precision: Precision | None = None) -> float:
     """Mean negative log-likelihood per policy (expert) token of ``batch`` under ``model``."""
     total, count = 0.0, 0
     was_training = model.training
     model.eval()
-    with torch.no_grad():
-        for indices in micro_batches(torch.arange(len(batch)), micro_batch_size):
+    with torch.no_grad(), (precision or Precision()).autocast():
+        for indices in micro_batches(torch.arange(len(batch), device=batch.input_ids.device), micro_batch_size):
             sub = batch.select(indices)
             logprobs, _ = token_logprobs(model, sub.input_ids, sub.attention_mask, positions=sub.policy_mask)
             total += float(-(logprobs * sub.policy_mask).sum())
@@ -137,31 +138,35 @@ def sft(
     micro_batch_size: int,
     max_grad_norm: float,
     seed: int,
+    precision: Precision | None = None,
 ) -> list[float]:
     """Fine-tune ``model`` on the policy tokens of ``batch`` (token-mean NLL per optimizer step).
 
-    Returns the loss of every optimizer step. A fresh AdamW: the RL optimizer starts clean afterwards.
+    Returns the loss of every optimizer step (a step the float16 loss scaler skipped included). A fresh AdamW,
+    and a fresh ``precision`` (its own loss scale) when given: the RL optimizer starts clean afterwards.
     """
+    precision = precision or Precision()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     shuffle = torch.Generator().manual_seed(seed)
     model.train()
     losses = []
     for _ in range(epochs):
-        order = torch.randperm(len(batch), generator=shuffle)
+        # drawn on the CPU generator's device, then moved to the batch's (the step's rows index its tensors)
+        order = torch.randperm(len(batch), generator=shuffle, device=shuffle.device).to(batch.input_ids.device)
         for step_rows in torch.split(order, batch_size):
             optimizer.zero_grad(set_to_none=True)
             tokens = int(batch.policy_mask[step_rows].sum())
             step_loss = 0.0
             for rows in micro_batches(step_rows, micro_batch_size):
                 sub = batch.select(rows)
-                logprobs, _ = token_logprobs(
-                    model, sub.input_ids, sub.attention_mask, positions=sub.policy_mask
-                )
+                with precision.autocast():
+                    logprobs, _ = token_logprobs(
+                        model, sub.input_ids, sub.attention_mask, positions=sub.policy_mask
+                    )
                 loss = -(logprobs * sub.policy_mask).sum() / max(tokens, 1)  # token mean over the whole step
-                loss.backward()
+                precision.backward(loss)
                 step_loss += float(loss.detach())
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            optimizer.step()
+            precision.step(optimizer, model.parameters(), max_grad_norm)
             losses.append(step_loss)
     optimizer.zero_grad(set_to_none=True)
     return losses
@@ -178,7 +183,7 @@ def warm_start(run: TrainingRun) -> dict[str, Any]:
     # The untrained policy on the held-out seeds, with the hf backend on the trainer's module (no copy).
     sampling = SamplingParams(config.rollout.max_new_tokens, config.rollout.temperature, config.rollout.top_p)
     policy = HFPolicy(run.model, run.tokenizer, sampling=sampling, seed=config.seed,
-                      max_batch_size=config.rollout.concurrency)  # fmt: skip
+                      max_batch_size=config.rollout.concurrency, autocast_dtype=run.precision.autocast_dtype)  # fmt: skip
     eval_seeds = list(range(config.eval.seed, config.eval.seed + config.eval.episodes))
     try:
         untrained = evaluate_llm(run.make_env, policy, eval_seeds, config.eval.temperature,
@@ -194,10 +199,11 @@ def warm_start(run: TrainingRun) -> dict[str, Any]:
     pad = run.tokenizer.pad_token_id
     train = collate(expert[: len(train_seeds)], pad).to(device)
     test = collate(expert[len(train_seeds) :], pad).to(device) if held_out else None
-    nll_before = expert_nll(run.model, test) if test is not None else float("nan")
+    nll_before = expert_nll(run.model, test, precision=run.precision) if test is not None else float("nan")
+    # Its own Precision: a fresh loss scale for the fresh SFT optimizer (the RL loop's stays untouched).
     losses = sft(run.model, train, cfg.epochs, cfg.lr, cfg.batch_size, config.optim.micro_batch_size,
-                 config.optim.max_grad_norm, config.seed)  # fmt: skip
-    nll_after = expert_nll(run.model, test) if test is not None else float("nan")
+                 config.optim.max_grad_norm, config.seed, Precision(config.model.dtype, device))  # fmt: skip
+    nll_after = expert_nll(run.model, test, precision=run.precision) if test is not None else float("nan")
     expert_returns = [t.total_reward for t in expert]
     record = {
         "baseline": cfg.baseline,

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rl_llm.trainers.modeling import is_peft
+from rl_llm.trainers.modeling import is_peft, release_cached_memory
 
 
 @contextmanager
@@ -128,8 +128,7 @@ class InProcessSync(WeightSync):
         # The update's gradients are dead weight now (the next step zeroes them anyway): free them before the
         # engine takes its memory back.
         model.zero_grad(set_to_none=True)
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release_cached_memory(next(model.parameters()).device)  # the trainer's GPU, not the current one
         if self._asleep:  # split wake-up: weights, load, then the KV cache (never both at the peak)
             self.policy.wake_up(["weights"])
             with merged_weights(model) as named:

@@ -7,6 +7,10 @@ accumulated gradient equals that of the whole minibatch in one pass.
 Old log-probs: while the parameters have not moved yet (the first optimizer step of the first epoch) the
 current log-probs *are* the old ones, so they are taken detached from the same forward pass; only when a batch
 gets more than one optimizer step are they computed up front with an extra no-grad pass.
+
+Precision (``trainers/precision.py``): forward passes run under the ``Precision``'s autocast, ``backward`` and
+the optimizer step through it (float16 loss scaling; a step it skips for inf/nan gradients is counted in the
+statistics, and the learning-rate schedule does not advance for it). Without one, plain float32.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from rl_llm.trainers.losses import (
     value_loss,
 )
 from rl_llm.trainers.modeling import token_logprobs
+from rl_llm.trainers.precision import Precision
 
 # (input_ids, attention_mask, temperature, positions) -> reference log-probs [N, T]
 ReferenceFn = Callable[[torch.Tensor, torch.Tensor, float, torch.Tensor | None], torch.Tensor]
@@ -85,21 +90,25 @@ def policy_update(
     generator: torch.Generator,
     reference: ReferenceFn | None = None,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    precision: Precision | None = None,
 ) -> dict[str, float]:
     """PPO-clip updates of the policy on ``batch`` with per-token ``advantages``; returns averaged statistics."""
+    precision = precision or Precision()
     loss_cfg, optim_cfg = config.loss, config.optim
     temperature = config.rollout.temperature
     micro = optim_cfg.micro_batch_size
     device = batch.input_ids.device
     constant = loss_cfg.norm_constant or float(config.rollout.max_new_tokens)
     several_steps = optim_cfg.epochs * optim_cfg.minibatches > 1
-    old_all = batched_logprobs(model, batch, micro, temperature) if several_steps else None
-    ref_all = None
-    if reference is not None and loss_cfg.kl_coef:
-        ref_all = per_token(batch, micro, lambda sub: reference(
-            sub.input_ids, sub.attention_mask, temperature, sub.policy_mask))  # fmt: skip
+    with precision.autocast():
+        old_all = batched_logprobs(model, batch, micro, temperature) if several_steps else None
+        ref_all = None
+        if reference is not None and loss_cfg.kl_coef:
+            ref_all = per_token(batch, micro, lambda sub: reference(
+                sub.input_ids, sub.attention_mask, temperature, sub.policy_mask))  # fmt: skip
     parameters = [p for p in model.parameters() if p.requires_grad]
     stats = Averages()
+    skipped = 0
     model.train()
     for step_number, indices in _passes(len(batch), config, generator):
         indices = indices.to(device)
@@ -114,10 +123,11 @@ def policy_update(
             sub = batch.select(chunk)
             width = sub.input_ids.shape[1]
             mask = sub.policy_mask.to(torch.float32)
-            logprobs, entropy = token_logprobs(
-                model, sub.input_ids, sub.attention_mask, temperature, with_entropy=True,
-                entropy_grad=bool(loss_cfg.entropy_coef), positions=sub.policy_mask,
-            )  # fmt: skip
+            with precision.autocast():  # the forward pass; the loss below is float32 (token_logprobs' logits are)
+                logprobs, entropy = token_logprobs(
+                    model, sub.input_ids, sub.attention_mask, temperature, with_entropy=True,
+                    entropy_grad=bool(loss_cfg.entropy_coef), positions=sub.policy_mask,
+                )  # fmt: skip
             old = old_all[chunk, :width] if old_all is not None else logprobs.detach()
             pg_tokens, clipped = clipped_surrogate(
                 logprobs, old, advantages[chunk, :width], loss_cfg.clip_low, loss_cfg.clip_high
@@ -135,7 +145,7 @@ def policy_update(
                 stats.add("kl_ref", masked_mean(kl.detach(), mask), weight)
             if loss_cfg.entropy_coef:
                 loss = loss - loss_cfg.entropy_coef * aggregate(entropy, mask, loss_cfg.aggregation, **counts)
-            loss.backward()
+            precision.backward(loss)
             stats.add("policy_loss", masked_mean(pg_tokens.detach(), mask), weight)
             stats.add("clip_frac", masked_mean(clipped, mask), weight)
             stats.add("entropy", masked_mean(entropy.detach(), mask), weight)
@@ -143,12 +153,14 @@ def policy_update(
             if step_number == 0:  # trainer vs generator log-probs before any update: should be ~0 (same weights)
                 gap = (logprobs.detach() - sub.old_logprobs).abs()
                 stats.add("logprob_gap_generator", masked_mean(gap, mask), weight)
-        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, optim_cfg.max_grad_norm)
-        stats.add("grad_norm", float(grad_norm))
-        optimizer.step()
+        grad_norm = precision.step(optimizer, parameters, optim_cfg.max_grad_norm)
+        if grad_norm is None:  # float16 overflow: no update, so the schedule does not advance either
+            skipped += 1
+            continue
+        stats.add("grad_norm", grad_norm)
         if scheduler is not None:
             scheduler.step()
-    return stats.result()
+    return stats.result() | precision.stats(skipped)
 
 
 def critic_update(
@@ -159,9 +171,12 @@ def critic_update(
     returns: torch.Tensor,
     config: TrainConfig,
     generator: torch.Generator,
+    precision: Precision | None = None,
 ) -> dict[str, float]:
     """Clipped value-loss regression of the critic onto ``returns`` (token mean over policy tokens)."""
+    precision = precision or Precision()
     stats = Averages()
+    skipped = 0
     critic.train()
     parameters = [p for p in critic.parameters() if p.requires_grad]
     for _, indices in _passes(len(batch), config, generator):
@@ -172,12 +187,16 @@ def critic_update(
             sub = batch.select(chunk)
             width = sub.input_ids.shape[1]
             mask = sub.policy_mask.to(torch.float32)
-            values = critic(sub.input_ids, sub.attention_mask)
+            with precision.autocast():
+                values = critic(sub.input_ids, sub.attention_mask)  # float32 out (the critic casts its head's)
             tokens = value_loss(values, old_values[chunk, :width], returns[chunk, :width], config.ppo.value_clip)
             loss = config.ppo.value_coef * aggregate(tokens, mask, "token_mean", num_tokens=num_tokens)
-            loss.backward()
+            precision.backward(loss)
             stats.add("value_loss", masked_mean(tokens.detach(), mask), float(mask.sum()))
             stats.add("value_mean", masked_mean(values.detach(), mask), float(mask.sum()))
-        stats.add("critic_grad_norm", float(torch.nn.utils.clip_grad_norm_(parameters, config.optim.max_grad_norm)))
-        optimizer.step()
-    return stats.result()
+        grad_norm = precision.step(optimizer, parameters, config.optim.max_grad_norm)
+        if grad_norm is None:
+            skipped += 1
+        else:
+            stats.add("critic_grad_norm", grad_norm)
+    return stats.result() | precision.stats(skipped, prefix="critic_")

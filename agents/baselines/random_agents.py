@@ -23,10 +23,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
-from rl_llm.agents.policy import Completion, Policy, TextPolicy, last_user_message
+from rl_llm.agents.policy import EpisodeAgent, EpisodeStart, Policy, TextPolicy, last_user_message
 from rl_llm.types import Message
 
 _TABLE = re.compile(r"CREATE TABLE\s+[\"`\[]?(\w+)", re.IGNORECASE)
@@ -38,31 +37,25 @@ _STOPWORDS = frozenset((
 
 
 class BanditOracle(Policy):
-    """Pulls an arm with the highest expected reward now (MultiArmedBandit and ContextualBandit).
-
-    ``act`` gets no slot numbers, so the oracle pairs conversations with the environments that are still
-    playing, in slot order: the order ``run_episodes`` (and the bench runner) list live slots in.
-    """
+    """Pulls an arm with the highest expected reward now (MultiArmedBandit and ContextualBandit), read from
+    the episode's env each turn."""
 
     name = "oracle"
 
     def __init__(self, seed: int | None = None) -> None:
-        self._envs: dict[int, Any] = {}
+        pass
 
-    def start_episode(self, slot: int, env: gym.Env, info: dict[str, Any]) -> None:
-        self._envs[slot] = env.unwrapped
+    def start_episode(self, episode: EpisodeStart) -> EpisodeAgent:
+        return _BestArm(episode.env.unwrapped)
 
-    def act(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
-        live = [env for _, env in sorted(self._envs.items()) if not env._episode_over]
-        if len(live) != len(conversations):
-            raise ValueError(
-                f"oracle: {len(conversations)} conversations but {len(live)} live bandit episodes"
-            )
-        completions = []
-        for env in live:
-            means = env._arm_means()
-            completions.append(Completion(f"<action>{env.labels[int(np.argmax(means))]}</action>"))
-        return completions
+
+class _BestArm(EpisodeAgent):
+    def __init__(self, env: Any) -> None:
+        self.env = env
+
+    def act(self, conversation: Sequence[Message]) -> str:
+        means = self.env._arm_means()
+        return f"<action>{self.env.labels[int(np.argmax(means))]}</action>"
 
 
 def open_tag(stop: str) -> str:
@@ -77,8 +70,8 @@ class _RandomTagged(TextPolicy):
         self.rng = np.random.default_rng(seed)
         self.stops: tuple[str, ...] = ()
 
-    def start_episode(self, slot: int, env: gym.Env, info: dict[str, Any]) -> None:
-        self.stops = tuple(info.get("stop", ()))
+    def begin(self, episode: EpisodeStart) -> None:
+        self.stops = episode.stop
 
     def tag(self, name: str, default: str) -> tuple[str, str]:
         """The (open, close) pair whose closing tag mentions ``name``."""

@@ -1,10 +1,9 @@
 """Oracle agents for the search and tool-call environments, and the scripted-oracle base they share with
-the terminal oracle.
+the terminal, SQL and math oracles.
 
-An oracle reads the task's reference solution from ``env.unwrapped`` in ``start_episode`` (the searches
+An oracle reads the task's reference solution from ``env.unwrapped`` when its episode starts (the searches
 that suffice, the tool calls, the gold answer), then makes exactly those calls, one per turn, and answers.
-It needs no per-slot state while playing: the conversation's first user message names the episode and the
-number of assistant turns so far says which step of the plan comes next.
+The plan lives in the episode's own agent, so concurrent episodes never mix their plans.
 """
 
 from __future__ import annotations
@@ -13,48 +12,36 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-import gymnasium as gym
-
-from rl_llm.agents.policy import Completion, Policy
+from rl_llm.agents.policy import EpisodeAgent, EpisodeStart, Policy
 from rl_llm.types import Message
 
 
 class ScriptedOracle(Policy):
-    """Plays a per-episode plan of turns built from the env's ground truth.
-
-    Plans are keyed by the episode's first observation (the conversation's first user message), so batches
-    that hold only some of the slots still find theirs; equal first observations mean equal tasks and plans.
-    Only the plans of the episodes now running are kept.
-    """
+    """Plays a per-episode plan of turns built from the env's ground truth (``plan(env.unwrapped)``)."""
 
     def __init__(self, seed: int | None = None) -> None:
-        self._slot_keys: dict[int, str] = {}
-        self._plans: dict[str, list[str]] = {}
+        pass
 
     def plan(self, env: Any) -> list[str]:
         """The turns to play, given the unwrapped env just after reset."""
         raise NotImplementedError
 
-    def first_observation(self, env: Any) -> str:
-        return env.initial_observation
+    def start_episode(self, episode: EpisodeStart) -> EpisodeAgent:
+        return Scripted(self.plan(episode.env.unwrapped))
 
-    def start_episode(self, slot: int, env: gym.Env, info: dict[str, Any]) -> None:
-        base = env.unwrapped
-        key = self.first_observation(base)
-        self._slot_keys[slot] = key
-        self._plans = {k: self._plans[k] for k in self._slot_keys.values() if k in self._plans}  # drop ended ones
-        self._plans[key] = self.plan(base)
 
-    def act(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
-        completions = []
-        for conversation in conversations:
-            first_user = next((m.content for m in conversation if m.role == "user"), "")
-            plan = self._plans.get(first_user)
-            if plan is None:
-                raise ValueError(f"{self.name}: no plan for this conversation; was start_episode called after reset?")
-            step = sum(message.role == "assistant" for message in conversation)
-            completions.append(Completion(plan[min(step, len(plan) - 1)]))
-        return completions
+class Scripted(EpisodeAgent):
+    """Plays ``turns`` in order: the one after as many turns as the conversation holds answers (the last one
+    again if the episode goes on)."""
+
+    def __init__(self, turns: Sequence[str]) -> None:
+        if not turns:
+            raise ValueError("a scripted episode needs at least one turn")
+        self.turns = list(turns)
+
+    def act(self, conversation: Sequence[Message]) -> str:
+        step = sum(message.role == "assistant" for message in conversation)
+        return self.turns[min(step, len(self.turns) - 1)]
 
 
 class SearchOracle(ScriptedOracle):

@@ -15,11 +15,6 @@ class OracleSQL(ScriptedOracle):
 
     name = "oracle"
 
-    def first_observation(self, env: Any) -> str:
-        # Episodes are told apart by their first observation (the question and schema), which is what the
-        # policy sees in each conversation; slots are not passed to ``act``.
-        return getattr(env, "first_observation", "")  # another env: plan() says what is wrong
-
     def plan(self, env: Any) -> list[str]:
         task = getattr(env, "current_task", None)
         if task is None:

@@ -22,12 +22,9 @@ def command_turn(command: str) -> str:
 
 
 class TerminalOracle(ScriptedOracle):
-    """Runs the task's solution commands one per turn, then says done (needs ``start_episode``)."""
+    """Runs the task's solution commands one per turn, then says done."""
 
     name = "oracle"
-
-    def first_observation(self, env: Any) -> str:
-        return env.current_task.description
 
     def plan(self, env: Any) -> list[str]:
         task, limit = env.current_task, env.max_turns - 1

@@ -1,15 +1,16 @@
 """Episode jobs, how each kind is played, and the append-only log that makes a benchmark run resumable.
 
 A job is one episode of the suite: ``(env key, seed)`` for a single-agent env, ``(env key, opponent, seat,
-seed)`` for a two-player game. Its record is a flat dict written to ``DIR/episodes.jsonl`` the moment the
-episode ends, so a run killed at any point loses at most the episodes in flight; on restart the log's ids
-say what is done. Baselines get a fresh instance per episode, seeded from the job, so an episode's outcome
-never depends on which episodes ran before it in the same process (resumed == uninterrupted).
+seed)`` for a two-player game. Single-agent episodes, by any agent, are played by the rollout engine and
+kept whole as ``Trajectory`` records; the log line of a job (a flat dict: its id, figures, tokens, success)
+is written to ``DIR/episodes.jsonl`` the moment the episode ends, so a run killed at any point loses at most
+the episodes in flight; on restart the log's ids say what is done. A baseline draws each episode's random
+choices from its own stream, seeded from the baseline's seed and the episode (``EpisodeStart.rng``), so an
+episode's outcome never depends on which episodes ran before or beside it (resumed == uninterrupted).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import threading
@@ -19,10 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
-
 from rl_llm.agents.bench.suite import SuiteEnv
-from rl_llm.agents.policy import Completion, Policy
+from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy, as_completion
 from rl_llm.types import Message, Trajectory
 
 CHARS_PER_TOKEN = 4  # estimate for chat-only backends, which report text but no token ids
@@ -78,57 +77,38 @@ def record(entry: SuiteEnv, job: Job, **fields: Any) -> dict[str, Any]:
 
 
 class Counting(Policy):
-    """Wraps an agent to count its turns and generated tokens (one wrapper per episode). ``stop``: the stop
-    strings of an LLM agent's requests where nobody calls ``start_episode`` (two-player games)."""
+    """Wraps an agent to count the turns and generated tokens of the episodes it plays (one wrapper per match)."""
 
-    def __init__(self, inner: Policy, stop: Sequence[str] | None = None) -> None:
+    def __init__(self, inner: Policy) -> None:
         self.inner = inner
-        self.stop = None if stop is None else tuple(stop)
         self.name = inner.name
         self.turns = 0
         self.tokens = 0
         self.estimated = False
 
-    def start_episode(self, slot: int, env: gym.Env, info: dict[str, Any]) -> None:
-        self.inner.start_episode(slot, env, info)
+    def start_episode(self, episode: EpisodeStart) -> EpisodeAgent:
+        return _Counted(self, self.inner.start_episode(episode))
 
-    def act(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
-        from rl_llm.agents.llm import GenerationRequest, LLMPolicy
-
-        if self.stop is not None and isinstance(
-            self.inner, LLMPolicy
-        ):  # the shared policy's own stop is not set
-            requests = [
-                GenerationRequest(messages=list(conversation), stop=self.stop)
-                for conversation in conversations
-            ]
-            completions = self.inner.generate(requests)
-        else:
-            completions = self.inner.act(conversations)
-        self.turns += len(completions)
-        for completion in completions:
-            tokens, estimated = token_count(completion)
-            self.tokens += tokens
-            self.estimated |= estimated
-        return completions
+    def count(self, completion: Completion) -> Completion:
+        self.turns += 1
+        tokens, estimated = token_count(completion)
+        self.tokens += tokens
+        self.estimated |= estimated
+        return completion
 
 
-def play_single(entry: SuiteEnv, job: Job, env: gym.Env, agent: Policy) -> dict[str, Any]:
-    """One episode of a single-agent env by a (baseline) agent that answers one conversation at a time."""
-    counted = Counting(agent)
-    observation, info = env.reset(seed=job.seed)
-    counted.start_episode(0, env, info)
-    messages = [Message("system", info["system_prompt"]), Message("user", observation)]
-    total, invalid = 0.0, 0
-    while True:
-        completion = counted.act([messages])[0]
-        observation, reward, terminated, truncated, info = env.step(completion.text)
-        messages += [Message("assistant", completion.text), Message("user", observation)]
-        total += float(reward)
-        invalid += bool(info["invalid_action"])
-        if terminated or truncated:
-            return record(entry, job, episode_return=total, turns=counted.turns, invalid_actions=invalid,
-                          tokens=counted.tokens, tokens_estimated=counted.estimated, metrics=info["metrics"])  # fmt: skip
+class _Counted(EpisodeAgent):
+    def __init__(self, counter: Counting, agent: EpisodeAgent) -> None:
+        self.counter, self.agent = counter, agent
+
+    def act(self, conversation: Sequence[Message]) -> Completion:
+        return self.counter.count(as_completion(self.agent.act(conversation)))
+
+    async def aact(self, conversation: Sequence[Message]) -> Completion:
+        return self.counter.count(as_completion(await self.agent.aact(conversation)))
+
+    def end(self, trajectory: Trajectory) -> None:
+        self.agent.end(trajectory)
 
 
 def play_game(
@@ -137,7 +117,7 @@ def play_game(
     """One match of a two-player game: the agent in seat ``job.seat`` against a baseline."""
     from rl_llm.agents.tournament import play_matches
 
-    counted = Counting(agent, stop=game_stop_strings(entry))
+    counted = Counting(agent)
     seat = int(job.seat or 0)
     seats = (counted, opponent) if seat == 0 else (opponent, counted)
     names = ("agent", str(job.opponent)) if seat == 0 else (str(job.opponent), "agent")
@@ -152,26 +132,12 @@ def play_game(
                   tokens_estimated=counted.estimated, metrics=metrics, **extra)  # fmt: skip
 
 
-@functools.cache
-def _game_stops(game: str, kwargs_json: str) -> tuple[str, ...]:
-    from rl_llm.envs.social import load
-
-    env = load(game).env(**json.loads(kwargs_json))
-    try:
-        env.reset(seed=0)
-        return tuple(env.infos[env.agents[0]].get("stop", ()))
-    finally:
-        env.close()
-
-
-def game_stop_strings(entry: SuiteEnv) -> tuple[str, ...]:
-    """The stop strings a game gives its players (the same for every seed and seat)."""
-    return _game_stops(entry.env, json.dumps(entry.kwargs, sort_keys=True))
-
-
-def trajectory_record(entry: SuiteEnv, job: Job, trajectory: Trajectory) -> dict[str, Any]:
-    """The record of an LLM episode played by the rollout engine."""
-    if trajectory.token_ids:
+def trajectory_record(entry: SuiteEnv, job: Job, trajectory: Trajectory, generated: bool = True) -> dict[str, Any]:
+    """The log line of a single-agent episode (the rollout engine's trajectory, kept whole beside the log):
+    its job, its figures and, for an agent that ``generated`` text (an LLM), its tokens."""
+    if not generated:
+        tokens, estimated = 0, False
+    elif trajectory.token_ids:
         tokens, estimated = trajectory.num_policy_tokens, False
     else:
         tokens, estimated = (

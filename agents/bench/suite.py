@@ -1,6 +1,6 @@
 """Benchmark suites: named, versioned YAML files that fix every environment, its kwargs, seeds and episodes.
 
-A suite file (``rl_llm/agents/suites/<name>-v<version>.yaml``, or any path)::
+A suite file (``agents/suites/<name>-v<version>.yaml``, or any path)::
 
     name: smoke
     version: 1

@@ -1,6 +1,6 @@
 """What the multi-armed and the contextual bandit share: arm labels, action parsing, the three reward
-modes of the research protocols (raw, strategic = regret-shaped, algorithmic = match UCB) and the metrics
-of "LLMs are Greedy Agents" (cumulative regret, untried arms, greedy choices).
+modes of docs/research-protocols.md#bandits (raw, strategic = regret-shaped, algorithmic = match UCB) and
+the metrics of "LLMs are Greedy Agents" (cumulative regret, untried arms, greedy choices).
 
 A subclass draws the instance in ``_draw_instance`` and supplies the per-step expected arm rewards
 (``_arm_means``), the noisy sample (``_sample_reward``), the UCB-style reference choice (``_reference_arm``)

@@ -17,10 +17,10 @@ from rl_llm.envs.math.problems import (
 )
 
 SYSTEM_PROMPTS = {
-    # UFO's instruction (research protocols 4.1), with the reasoning it leaves implicit made explicit.
+    # UFO's instruction (docs/research-protocols.md#ufo), with the reasoning it leaves implicit made explicit.
     "answer": "Solve the math problem. You may reason step by step first. Only give the final answer between "
               "<answer> and </answer>, as a single number, e.g. <answer>42</answer>.",
-    # Multi-attempt RL's instruction (research protocols 4.2).
+    # Multi-attempt RL's instruction (docs/research-protocols.md#multi-attempt-rl).
     "boxed": "Please reason step by step, and put your final answer within \\boxed{}, as a single number, "
              "e.g. \\boxed{42}.",
 }
@@ -97,7 +97,8 @@ class MathEnv(TextEnv):
         self.difficulty = int(difficulty)
         self.answer_format = answer_format
         self.format_penalty = float(format_penalty)
-        # Stop at the closing answer tag (spec section 0.1); a box has no closing tag of its own.
+        # Stop at the closing answer tag (docs/research-protocols.md#conventions-for-all-environments); a box
+        # has no closing tag of its own.
         self.stop = ("</answer>",) if answer_format == "answer" else ()
         self.current_task: MathProblem | None = None
         self.initial_observation = ""

@@ -1,4 +1,4 @@
-"""The three search-agent protocols of research-protocols.md section 1 and their rewards.
+"""The three search-agent protocols of docs/research-protocols.md#search-agents and their rewards.
 
 - ``search_r1``: ``<search>q</search>``, passages in ``<information>``, ``<answer>``; reward exact match, or the
   format-aware table of Search-R1's ``qa_em_format`` (1 / 0.8 / 0.3 / 0.2 / 0.1 / 0).

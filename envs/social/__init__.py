@@ -1,4 +1,4 @@
-"""rl_llm.envs.social: two-player text games with PettingZoo's API (DESIGN.md section 3).
+"""rl_llm.envs.social: two-player text games with PettingZoo's API (docs/design.md#two-player-games).
 
 Each game is a module following PettingZoo's convention: ``module.parallel_env(**kwargs)``,
 ``module.env(**kwargs)`` (AEC) and ``module.raw_env``. ``load(name)`` imports one by name.

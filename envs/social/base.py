@@ -7,9 +7,9 @@ default action (defect, an empty message, a proposal to keep nothing) is played 
 active agent has an action the phase resolves. Actions of inactive agents are ignored, and their info says
 ``active: False`` so a driver need not ask them.
 
-Observations follow DESIGN.md section 2: each is the text of the agent's next user message (the rules and
-the first prompt on reset; then what happened since, ending with what to do now on the last line), and an
-empty string once the game is over. ``render()`` returns the whole transcript.
+Observations follow docs/design.md#the-environment-contract: each is the text of the agent's next user
+message (the rules and the first prompt on reset; then what happened since, ending with what to do now on the
+last line), and an empty string once the game is over. ``render()`` returns the whole transcript.
 """
 
 from __future__ import annotations

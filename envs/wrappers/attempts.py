@@ -1,4 +1,5 @@
-"""Several attempts at one task: ``TryAgain`` (UFO, unary feedback) and ``MultiAttempt`` (research protocols §4).
+"""Several attempts at one task: ``TryAgain`` (UFO, unary feedback) and ``MultiAttempt``
+(docs/research-protocols.md#try-again-and-multi-attempt).
 
 Both wrap any env with a verifiable final answer. The protocol such an env follows:
 
@@ -8,7 +9,7 @@ Both wrap any env with a verifiable final answer. The protocol such an env follo
   neither is judged by its terminal reward (right when ``reward > success_threshold``, default 0);
 - optionally ``info["answer"]``, the answer it extracted (else the last ``<answer>`` tag, else the action),
   used to count repeated answers;
-- ``reset`` with the same seed and options gives the same task (DESIGN.md §2).
+- ``reset`` with the same seed and options gives the same task (docs/design.md#the-environment-contract).
 
 An attempt is one inner episode: after a wrong answer (or an attempt that ran out of turns without one)
 the inner env is reset to the same task and the agent is told, in a new user message, to try again; the

@@ -1,4 +1,5 @@
-"""``OptimalToolCalls``: the OTC reward (research-protocols.md section 1.6) over any tool environment.
+"""``OptimalToolCalls``: the OTC reward (docs/research-protocols.md#otc-tool-call-efficiency) over any tool
+environment.
 
 With m the episode's tool calls, n the fewest calls known to answer the task, c a smoothing constant and
 alpha a scale, the episode's return r becomes ``alpha * r_tool * r``:

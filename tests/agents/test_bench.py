@@ -63,6 +63,7 @@ def test_shipped_suites_load_and_name_real_baselines() -> None:
         load_suite("nope-v9")
 
 
+@pytest.mark.usefixtures("math_extra")  # smoke-v1 holds rl-llm/Math-v0
 @pytest.mark.parametrize("agent, expected", [("oracle", 1.0), ("random", 0.0)])
 def test_smoke_baselines_score_their_anchors(
     agent: str, expected: float, tmp_path: Path, reference_cache: Path
@@ -88,6 +89,7 @@ def test_smoke_baselines_score_their_anchors(
     assert len(ids) == len(set(ids)) == sum(row["planned"] for row in results["envs"].values())
 
 
+@pytest.mark.usefixtures("math_extra")
 def test_resumed_run_equals_uninterrupted_one(tmp_path: Path, reference_cache: Path) -> None:
     suite = load_suite("smoke-v1")
     whole = run_bench(suite, "random", tmp_path / "whole", reference_cache=reference_cache, log=quiet)
@@ -126,6 +128,7 @@ run_bench(load_suite("smoke-v1"), "random", Path(sys.argv[1]), reference_cache=P
 """
 
 
+@pytest.mark.usefixtures("math_extra")
 def test_killed_process_resumes_without_duplicates_or_losses(tmp_path: Path, reference_cache: Path) -> None:
     out = tmp_path / "run"
     driver = tmp_path / "driver.py"
@@ -251,6 +254,7 @@ def test_cli_bench_agent(
     assert main(["bench", "--agent", "oracle", "--temperature", "0.5", "--suite", str(suite)]) == 2
 
 
+@pytest.mark.usefixtures("math_extra")
 def test_smoke_suite_against_a_real_vllm_server(
     vllm_server: Any, tmp_path: Path, reference_cache: Path
 ) -> None:

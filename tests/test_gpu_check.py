@@ -1,0 +1,92 @@
+"""The GPU check's arithmetic (benchmarks/gpu_check.py): update FLOPs, MFU, LoRA parameter counts, GPU peaks
+and pytest's counts, against hand-computed values."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_check() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # dataclasses look their module up while the class is built
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules["gpu_check"]
+    return module
+
+
+# Qwen2.5-0.5B's linears per layer (in, out): q, k, v, o, gate, up, down; 24 layers.
+QWEN05_LINEARS = [(896, 896), (896, 128), (896, 128), (896, 896), (896, 4864), (896, 4864), (4864, 896)] * 24
+N = 359_692_800  # the 0.5B-shaped model's parameters (tiny vocabulary, tied embedding)
+
+
+def test_update_flops_count_each_pass(gpu_check: ModuleType) -> None:
+    # Full fine-tuning: 6N per token; + 2N old log-probs + 2N reference = 10N; checkpointing recomputes 2N.
+    flops = gpu_check.update_flops
+    assert flops(100, 100, 3) == (1800, 1800)
+    assert flops(100, 100, 3, old_logprob_pass=True, reference_pass=True, recompute=True) == (3000, 3600)
+    # Two epochs: two training passes (and two recomputes), the no-grad passes once.
+    assert flops(100, 100, 1, epochs=2, old_logprob_pass=True, recompute=True) == (1400, 1800)
+    # LoRA, 10 trainable of 100: 4N + 2T per token.
+    assert flops(100, 10, 3) == (1260, 1260)
+
+
+def test_lora_count_matches_peft_on_qwen05_body(gpu_check: ModuleType) -> None:
+    # peft reports 8,798,208 trainable parameters for Qwen2.5-0.5B with r=16 on all linear layers.
+    assert gpu_check.lora_parameters(QWEN05_LINEARS, 16) == 8_798_208
+
+
+def test_step_figures_give_mfu_of_the_update(gpu_check: ModuleType) -> None:
+    record = {"step": 2, "time/rollout_s": 18.0, "time/update_s": 7.7, "time/step_s": 26.0,
+              "episode/policy_tokens_total": 40_000.0, "throughput/policy_tokens_per_s": 2222.2,
+              "episode/sequence_length_mean": 500.0, "episode/trained": 256.0, "memory/peak_gpu_gib": 30.5,
+              "reward/mean": -0.4}  # fmt: skip
+    lora_config = {"enabled": False, "r": 16}
+    config = {"optim": {"epochs": 1, "minibatches": 2}, "loss": {"kl_coef": 0.001},
+              "model": {"dtype": "bfloat16", "gradient_checkpointing": True, "lora": lora_config}}
+    model = {"n_params": N, "lora_linears": QWEN05_LINEARS}
+    row = gpu_check.step_figures(record, model, config, 989e12)
+    # 128,000 tokens x 10N = 4.6041e14 FLOPs in 7.7 s on 989 TFLOP/s: 6.05%; + 2N recompute: 7.26%.
+    assert row["trained_tokens"] == 128_000
+    assert row["update_tflop"] == pytest.approx(460.406784, rel=1e-9)
+    assert row["mfu"] == pytest.approx(0.060454, rel=1e-4)
+    assert row["hfu"] == pytest.approx(0.072545, rel=1e-4)
+    assert (row["rollout_s"], row["peak_gib"], row["policy_tok_s"]) == (18.0, 30.5, 2222.2)
+    # LoRA: N + adapters forward and backward to the activations, adapters' weight gradients: 8N' + 2T.
+    config["model"]["lora"]["enabled"] = True
+    lora = gpu_check.step_figures(record, model, config, 989e12)
+    with_adapters = N + 8_798_208
+    assert lora["update_tflop"] == pytest.approx((8 * with_adapters + 2 * 8_798_208) * 128_000 / 1e12)
+    # No MFU without a known peak, or when the update is not in bf16.
+    assert gpu_check.step_figures(record, model, config, None)["mfu"] is None
+    config["model"]["dtype"] = "float32"
+    assert gpu_check.step_figures(record, model, config, 989e12)["mfu"] is None
+
+
+def test_peak_flops_by_gpu_name(gpu_check: ModuleType) -> None:
+    peak = gpu_check.peak_bf16_flops
+    assert peak("NVIDIA H100 80GB HBM3") == peak("NVIDIA H200") == 989e12
+    assert (peak("NVIDIA H100 PCIe"), peak("NVIDIA H100 NVL")) == (756e12, 835e12)
+    assert peak("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak("Tesla T4") is None and peak(None) is None
+
+
+def test_pytest_counts_from_the_summary_or_the_progress_marks(gpu_check: ModuleType) -> None:
+    counts = gpu_check.pytest_counts
+    log = "..F\nFAILED tests/x.py::t - boom\n1 failed, 2 passed, 3 skipped, 1 deselected in 4.0s\n"
+    assert counts(log) == {"passed": 2, "failed": 1, "skipped": 3, "deselected": 1}
+    assert counts("= 5 passed, 2 errors in 1.00s =") == {"passed": 5, "failed": 0, "skipped": 0, "error": 2}
+    # Stopped mid-run: no summary line; the progress marks are counted and the result marked incomplete.
+    assert counts("$ python -m pytest\n..s.F [ 40%]\n..") == {
+        "passed": 5, "failed": 1, "skipped": 1, "error": 0, "incomplete": 1}  # fmt: skip
