@@ -4,8 +4,11 @@
 - LLM backends (``rl_llm.agents.llm``): ``HFPolicy`` (``rl_llm.agents.hf``), ``VLLMPolicy``
   (``rl_llm.agents.vllm_backend``), ``VLLMServerPolicy`` (``rl_llm.agents.vllm_server``),
   ``OpenAIPolicy`` (``rl_llm.agents.openai_backend``).
-- ``collect(env, policy, seeds, group_size, ...)`` (``rl_llm.agents.rollout``): concurrent rollouts
-  recorded token-in, token-out as ``Trajectory`` records; the trainer's data source.
+- ``Policy.start_episode(EpisodeStart(env, info, seed, ...)) -> EpisodeAgent`` (``rl_llm.agents.policy``): how
+  every agent plays, one ``EpisodeAgent`` per episode holding that episode's state.
+- ``collect(env, policy, seeds, group_size, ...)`` (``rl_llm.agents.rollout``): the one episode loop, for any
+  agent, concurrent, recorded as ``Trajectory`` records (token-in, token-out for LLMs); the trainer's data
+  source, and what ``evaluate`` (``rl_llm.agents.evaluate``), ``rl-llm bench`` and ``rl-llm play`` run.
 - ``tiny_model(path=None)`` / ``default_tiny_model_path()`` (``rl_llm.agents.tiny``): a small random chat
   model built locally from a pinned, versioned recipe (``RECIPE_VERSION``), cached under
   ``~/.cache/rl-llm/tiny-qwen2-r<version>`` (``$RL_LLM_CACHE`` moves the cache).
@@ -19,7 +22,7 @@ from typing import Any
 
 from rl_llm.agents.baselines import BASELINES, baselines_for, make_baseline
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams
-from rl_llm.agents.policy import Completion, Policy, TextPolicy
+from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy, TextPolicy
 from rl_llm.agents.rollout import collect, read_trajectories, write_trajectories
 from rl_llm.agents.tiny import default_tiny_model_path, tiny_model
 
@@ -85,6 +88,8 @@ def _url_and_model(spec: str, target: str) -> tuple[str, str]:
 __all__ = [
     "BASELINES",
     "Completion",
+    "EpisodeAgent",
+    "EpisodeStart",
     "GenerationRequest",
     "LLMPolicy",
     "Policy",

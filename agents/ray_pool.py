@@ -2,11 +2,11 @@
 
 ``RayEnvPool(env_factory, num_workers=8, resources_per_worker={"num_cpus": 2})`` starts ``num_workers`` actors
 (spread over the cluster's nodes). Calling the pool returns a :class:`RayEnv`: a ``gym.Env`` whose ``reset``
-and ``step`` run on one of the actors, so anything that takes ``make_env`` (``run_episodes``, the rollout
-engine) uses remote envs unchanged::
+and ``step`` run on one of the actors, so anything that takes ``make_env`` (the rollout engine, ``evaluate``)
+uses remote envs unchanged::
 
     pool = RayEnvPool(EnvFactory("rl-llm/TicTacToe-v0"), num_workers=4)
-    records = run_episodes(pool, policy, episodes=64)
+    trajectories = evaluate(pool, policy, episodes=64)
 
 Failure handling. When an actor dies (node lost, OOM, ``ray.kill``) or a call exceeds ``call_timeout_s`` (the
 actor is then killed), the pool starts a replacement actor and every env that lived on the dead one is

@@ -1,8 +1,8 @@
 """Round-robin tournaments between agents on a two-player game of ``rl_llm.envs.social``.
 
 Every ordered pair of agents plays one match per seed (so both seat orders; an agent against itself plays
-once per seed), all seeds of a pairing at once: each step every policy gets one batched ``act`` call with
-the conversations of all matches waiting on it. Games are driven through PettingZoo's AEC API, so the same
+once per seed), all seeds of a pairing at once: each seat of each match is its own ``EpisodeAgent``, and
+each step an LLM policy gets one generation batch with the conversations of all matches waiting on it. Games are driven through PettingZoo's AEC API, so the same
 loop plays the parallel games (converted) and native turn-based ones; agents whose info says
 ``active: False`` are not asked (their empty action is ignored by the game).
 
@@ -28,7 +28,8 @@ from rich.table import Table
 from rl_llm.agents.baselines import make_baseline
 from rl_llm.agents.baselines.social import SOCIAL_BASELINES
 from rl_llm.agents.evaluate import mean_ci95
-from rl_llm.agents.policy import Policy
+from rl_llm.agents.llm import LLMEpisode, LLMPolicy
+from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy, as_completion
 from rl_llm.envs.social import load
 from rl_llm.envs.social.base import AGENTS
 from rl_llm.types import Message
@@ -116,13 +117,23 @@ def play_matches(
     env_kwargs: Mapping[str, Any] | None = None,
     keep_transcripts: bool = False,
 ) -> list[MatchRecord]:
-    """One match per seed between ``seats[0]`` (as ``player_0``) and ``seats[1]``, played concurrently."""
+    """One match per seed between ``seats[0]`` (as ``player_0``) and ``seats[1]``, played concurrently.
+
+    Each seat of each match is its own ``EpisodeAgent`` (``policy.start_episode``, with ``EpisodeStart.seat``
+    naming the player), so a stateful agent never depends on the order of the matches; an LLM policy answers
+    the requests of all matches waiting on it as one batch.
+    """
     module = load(game)
     envs = [module.env(**dict(env_kwargs or {})) for _ in seeds]
     conversations: list[dict[str, list[Message]]] = []
+    players: list[dict[str, EpisodeAgent]] = []
     for env, seed in zip(envs, seeds, strict=True):
         env.reset(seed=seed)
         conversations.append({agent: [Message("system", env.infos[agent]["system_prompt"])] for agent in AGENTS})
+        players.append({
+            agent: seats[index].start_episode(EpisodeStart(env, dict(env.infos[agent]), seed=seed, seat=agent))
+            for index, agent in enumerate(AGENTS)
+        })  # fmt: skip
     returns = [dict.fromkeys(AGENTS, 0.0) for _ in envs]
     final_info: list[dict[str, dict]] = [{} for _ in envs]
     steps = [0] * len(envs)
@@ -145,7 +156,7 @@ def play_matches(
                 env.step("")
         for requests in waiting.values():
             policy = seats[AGENTS.index(requests[0][1])]
-            completions = policy.act([conversations[m][agent] for m, agent in requests])
+            completions = _answer(policy, [(players[m][agent], conversations[m][agent]) for m, agent in requests])
             for (m, agent), completion in zip(requests, completions, strict=True):
                 conversations[m][agent].append(Message("assistant", completion.text))
                 envs[m].step(completion.text)
@@ -167,6 +178,13 @@ def play_matches(
         ))
         env.close()
     return records
+
+
+def _answer(policy: Policy, requests: list[tuple[EpisodeAgent, list[Message]]]) -> list[Completion]:
+    """Every waiting agent's next action: one generation batch for an LLM policy, else each agent in turn."""
+    if isinstance(policy, LLMPolicy) and all(isinstance(agent, LLMEpisode) for agent, _ in requests):
+        return policy.generate([agent.request(conversation) for agent, conversation in requests])
+    return [as_completion(agent.act(conversation)) for agent, conversation in requests]
 
 
 def run_tournament(

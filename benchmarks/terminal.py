@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from rl_llm.agents.baselines.terminal import DoNothing, RandomCommands, TerminalOracle
-from rl_llm.agents.policy import Policy
+from rl_llm.agents.policy import EpisodeStart, Policy, as_completion
 from rl_llm.envs.terminal import FAMILIES
 from rl_llm.envs.terminal.terminal_env import TerminalEnv
 from rl_llm.types import Message
@@ -47,11 +47,11 @@ def play(env: TerminalEnv, policy: Policy, seed: int, tally: Tally) -> None:
     started = time.perf_counter()
     observation, info = env.reset(seed=seed)
     tally.env_s += time.perf_counter() - started
-    policy.start_episode(0, env, info)
+    agent = policy.start_episode(EpisodeStart(env, info, seed=seed))
     messages = [Message("system", info["system_prompt"]), Message("user", observation)]
     done = False
     while not done:
-        action = policy.act([messages])[0].text
+        action = as_completion(agent.act(messages)).text
         started = time.perf_counter()
         observation, reward, terminated, truncated, info = env.step(action)
         tally.env_s += time.perf_counter() - started

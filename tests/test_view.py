@@ -142,6 +142,21 @@ def test_trajectories_jsonl_page_shows_hostile_text_as_text(tmp_path: Path) -> N
     assert "illegal_move -0.1" in dom
 
 
+def test_a_baseline_evaluation_is_shown_turn_by_turn(tmp_path: Path) -> None:
+    # `rl-llm eval` keeps every agent's trajectories; a baseline's have messages and turns but no tokens.
+    out = tmp_path / "minimax.jsonl"
+    result = rl_llm("eval", "TicTacToe", "--agent", "minimax", "--episodes", "3", "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    trajectories = out.with_suffix(".trajectories.jsonl")
+    data = load(trajectories)
+    assert len(data["episodes"]) == 3 and any("rebuilt from the chat messages" in note for note in data["notes"])
+    for episode in data["episodes"]:
+        assert episode["turns"] and all(turn["action"].startswith("<move>") for turn in episode["turns"])
+        assert episode["token_counts"] == {"prompt": 0, "policy": 0, "env": 0} and episode["error"] is None
+        assert [span[0] for span in episode["spans"][:3]] == ["prompt", "prompt", "policy"]
+    assert write_view(trajectories).stat().st_size > 0
+
+
 def test_view_explains_what_it_cannot_show(tmp_path: Path) -> None:
     records = tmp_path / "eval.jsonl"
     records.write_text(json.dumps({"env_id": "x", "episode_return": 1.0, "turns": 4}) + "\n")

@@ -73,10 +73,10 @@ def evaluate_baselines(config: Any, names: Sequence[str]) -> dict[str, EvalResul
     for name in names:
         if name not in available:
             continue
-        records = evaluate(env_id, make_baseline(name, env_id, seed=seed), episodes, seed=seed,
-                           env_kwargs=config.env.kwargs)  # fmt: skip
-        results[name] = _result([r.seed for r in records], [r.episode_return for r in records],
-                                [r.metrics for r in records])  # fmt: skip
+        trajectories = evaluate(env_id, make_baseline(name, env_id, seed=seed), episodes, seed=seed,
+                                env_kwargs=config.env.kwargs)  # fmt: skip
+        results[name] = _result([int(t.seed) for t in trajectories], [t.total_reward for t in trajectories],
+                                [t.metrics for t in trajectories])  # fmt: skip
     return results
 
 

@@ -225,16 +225,16 @@ class FrozenReference:
     """Log-probs of the initial policy for the KL term: the base model with adapters off under LoRA,
     otherwise a frozen copy. Build it from the freshly loaded model, before a checkpoint is restored.
 
-    ``dtype``: the copy's weights (e.g. float16 for a mixed-precision run: frozen, they need no float32
-    master copy; its forward passes run under the run's autocast like the policy's)."""
+    The copy keeps the policy's dtype (float32 master weights in a mixed-precision run) and runs under the same
+    autocast, so it computes exactly the initial policy: the KL starts at 0. A float16 copy computes another
+    function (its residual stream is float16 too): on the tiny model's PPO job kl_ref was 0.026 at the first
+    step instead of 0, Adam turning the 1e-4 log-prob mismatch into full-size steps toward it."""
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.copy: nn.Module | None = None
         if not is_peft(model):
             self.copy = copy.deepcopy(model).eval().requires_grad_(False)
-            if dtype is not None:
-                self.copy.to(dtype)
 
     @torch.no_grad()
     def logprobs(

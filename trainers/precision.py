@@ -5,9 +5,10 @@
 - ``float32``: no autocast, no loss scaling; exactly the plain loop (``backward``, clip, ``optimizer.step``).
 - ``bfloat16`` / ``float16``: as HF Trainer and accelerate do it. The trainable weights, their gradients and the
   optimizer's state are float32 ("master weights"); forward passes run under ``torch.autocast`` in the low
-  dtype, so the matmuls (and generation, which shares the module) run at its speed. Frozen weights (a LoRA
-  base, the KL reference, the asynchronous generator's copy) stay in the low dtype: nothing updates them, so
-  they cost half the memory for nothing lost.
+  dtype, so the matmuls (and generation, which shares the module) run at its speed. A LoRA base, frozen and
+  shared by the policy and its KL reference, stays in the low dtype (half the memory). Copies of trained
+  weights (the KL reference under full fine-tuning, the asynchronous generator's copy) stay float32 and run
+  under the same autocast, so they compute exactly what the policy computes (see ``FrozenReference``).
 - ``float16`` also scales the loss (``torch.amp.GradScaler``): its narrow range flushes small gradients to 0,
   so the loss is multiplied by a large factor before ``backward``, the gradients are unscaled before clipping,
   a step whose gradients overflowed (inf/nan) is skipped and the scale lowered. bfloat16 has float32's range

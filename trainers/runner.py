@@ -143,7 +143,7 @@ class TrainingRun:
 
             warm_start(self)
             if self.reference is not None:
-                self.reference = self._reference()  # the KL anchor is the warm-started policy
+                self.reference = FrozenReference(self.model)  # the KL anchor is the warm-started policy
             release_cached_memory(self.device)  # the SFT optimizer's state and activations are garbage now
         self.generator = self._build_generator()
         try:  # the generator may be a server process: stop it if the run cannot start
@@ -181,7 +181,7 @@ class TrainingRun:
         # model.dtype, float16 loss scaling. One per optimizer: each has its own loss scale.
         self.precision = Precision(config.model.dtype, self.device)
         # The reference is the initial policy: built now, before a checkpoint overwrites the weights.
-        self.reference = self._reference() if config.loss.kl_coef > 0 else None
+        self.reference = FrozenReference(self.model) if config.loss.kl_coef > 0 else None
         self.optimizer = self._adam([p for p in self.model.parameters() if p.requires_grad], config.optim.lr)
         warmup = config.optim.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -193,10 +193,6 @@ class TrainingRun:
             self.critic = Critic(base).to(self.device)
             self.critic_optimizer = self._adam(list(self.critic.parameters()), config.ppo.critic_lr or config.optim.lr)
             self.critic_precision = Precision(config.model.dtype, self.device)
-
-    def _reference(self) -> FrozenReference:
-        """The KL anchor: the current policy, frozen (its copy in model.dtype: no master weights to keep)."""
-        return FrozenReference(self.model, self.precision.dtype)
 
     def _adam(self, parameters: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
         optim = self.config.optim
@@ -212,8 +208,8 @@ class TrainingRun:
             module = self.model.get_base_model() if is_peft(self.model) else self.model
             if config.rollout.max_staleness is not None:
                 # Asynchronous training generates while the trainer updates: the generator needs its own copy
-                # (frozen, so in model.dtype; snapshots are cast into it as they load).
-                module = copy.deepcopy(module).requires_grad_(False).to(self.precision.dtype)
+                # (in the trainer's dtype, under the same autocast: the same numerics as the trainer's passes).
+                module = copy.deepcopy(module).requires_grad_(False)
             # Generation under the trainer's autocast: the same numerics as the update's forward passes.
             return HFPolicy(module, self.tokenizer, sampling=sampling, max_batch_size=config.rollout.concurrency,
                             seed=config.seed, autocast_dtype=self.precision.autocast_dtype)

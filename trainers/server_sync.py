@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import logging
 import os
 import socket
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,6 +39,7 @@ from rl_llm.trainers.sync import WeightSync, merged_weights
 #: The worker extension class name to pass as ``--worker-extension-cls``.
 WEIGHT_RECEIVER = "rl_llm.trainers.server_sync.WeightReceiver"
 _STORE_PREFIX = "rl_llm_weight_sync"
+logger = logging.getLogger(__name__)
 
 
 class WeightSyncError(RuntimeError):
@@ -201,6 +203,9 @@ class ServerWeightSync(WeightSync):
         response = self.client.post("/reset_prefix_cache")  # cached prefixes hold keys of the old weights
         if response.status_code != 200:
             raise WeightSyncError(f"/reset_prefix_cache failed (HTTP {response.status_code}): {response.text[:500]}")
+        if not prefix_cache_was_reset(response):
+            logger.warning("the vLLM server did not reset its prefix cache (requests still hold blocks): "
+                           "cached prefixes may keep keys and values of the old weights")  # fmt: skip
 
     def close(self) -> None:
         if self.group is not None and self._broken is None:
@@ -209,6 +214,16 @@ class ServerWeightSync(WeightSync):
         self.group = self.store = None
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
+
+
+def prefix_cache_was_reset(response: Any) -> bool:
+    """Whether an HTTP 200 of ``/reset_prefix_cache`` means the cache was reset: vLLM 0.26+ answers
+    ``{"success": bool}`` (false while running requests hold blocks); 0.25 an empty body, unchecked."""
+    try:
+        body = response.json() if response.content else None
+    except ValueError:
+        return True
+    return not isinstance(body, dict) or body.get("success", True) is not False
 
 
 def _outcome(future: Future[Any]) -> str | None:

@@ -1,10 +1,10 @@
 """Warm start from expert trajectories: supervised fine-tuning on episodes played by an env's own baseline.
 
-The expert (e.g. tic-tac-toe's ``minimax``) plays through the same rollout engine and chat format as RL:
-``ExpertPolicy`` is an ``LLMPolicy`` whose "generation" is the baseline's answer, tokenized with the model's
-tokenizer. So an expert episode is an ordinary ``Trajectory`` (PROMPT / POLICY / ENV token roles), padded by
-the same ``collate`` as a GRPO batch, and the loss is the negative log-likelihood of its POLICY tokens: the
-model learns exactly the tokens it will later sample, in the context it will sample them in.
+The expert (e.g. tic-tac-toe's ``minimax``) plays through the same rollout engine and chat format as RL: the
+engine records its answers with the model's tokenizer (``tokenizer=``), each answer's tokens as POLICY tokens.
+So an expert episode is an ordinary ``Trajectory`` (PROMPT / POLICY / ENV token roles), padded by the same
+``collate`` as a GRPO batch, and the loss is the negative log-likelihood of its POLICY tokens: the model
+learns exactly the tokens it will later sample, in the context it will sample them in.
 
 With ``env.action_template`` set (e.g. ``<move>{}</move>``) the expert's answer is stripped to what goes
 inside the template, as the RL generator writes only that.
@@ -15,12 +15,14 @@ the untrained policy's held-out evaluation (before SFT), the expert NLL per poli
 on held-out expert episodes, and the SFT loss curve. The trainer's own "before" evaluation is then the
 warm-started policy's.
 
-Baselines that read the game from the conversation work here (tic-tac-toe, bandits); oracles that need the
-env's hidden state (``Policy.start_episode``) do not, and are refused with a clear error.
+Any baseline works as the expert, oracles that read the env's hidden state included (each expert episode is
+its own ``EpisodeAgent``); a text baseline's random choices are seeded by (episode seed, turn), so the expert
+data is the same whatever the concurrency.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Sequence
@@ -31,14 +33,14 @@ import torch
 from torch import nn
 
 from rl_llm.agents.baselines import make_baseline
-from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams
-from rl_llm.agents.policy import Completion, Policy
+from rl_llm.agents.llm import SamplingParams
+from rl_llm.agents.policy import EpisodeAgent, EpisodeStart, Policy, TextPolicy, as_completion
 from rl_llm.agents.rollout import collect
 from rl_llm.trainers.batch import TrainBatch, collate, micro_batches
 from rl_llm.trainers.checkpoint import write_text_atomic
 from rl_llm.trainers.modeling import token_logprobs
 from rl_llm.trainers.precision import Precision
-from rl_llm.types import Trajectory
+from rl_llm.types import Message, Trajectory
 
 if TYPE_CHECKING:
     from rl_llm.trainers.evaluation import EvalResult
@@ -47,46 +49,54 @@ if TYPE_CHECKING:
 WARM_START_FILE = "warm_start.json"
 
 
-class ExpertPolicy(LLMPolicy):
-    """A classical baseline seen as a token backend: its answer, tokenized, with log-prob 0 on each token."""
+class Expert(Policy):
+    """A baseline as the SFT expert. Its answers are cut to what goes inside ``action_template`` (the env wraps
+    the rest, as the RL generator writes only the content). A text baseline (``TextPolicy``) draws each turn
+    from ``numpy.random.default_rng([episode seed, turn])``, so the expert data depends on the episode seeds
+    alone: not on the baseline's seed, the concurrency or the order of the seeds."""
 
-    name = "expert"
-
-    def __init__(self, baseline: Policy, tokenizer: Any, action_template: str | None = None) -> None:
-        super().__init__()
-        if type(baseline).start_episode is not Policy.start_episode:
-            raise ValueError(f"baseline {type(baseline).__name__} reads the env's hidden state; SFT needs one that "
-                             "answers from the conversation alone")  # fmt: skip
+    def __init__(self, baseline: Policy, action_template: str | None = None) -> None:
         self.baseline = baseline
-        self.tokenizer = tokenizer
-        self.prefix, self.suffix = (action_template or "{}").split("{}", 1)
+        self.name = baseline.name
+        self.template = action_template if action_template and action_template != "{}" else None
 
-    def _reseed(self, request: GenerationRequest) -> None:
-        # The rollout engine batches requests by thread timing: a baseline drawing ties from one shared RNG
-        # would play different games run to run. Seed its draw by (episode seed, turn) instead, as hf sampling is.
-        meta = request.metadata
-        if hasattr(self.baseline, "rng") and meta.get("seed") is not None:
-            self.baseline.rng = np.random.default_rng([int(meta["seed"]), int(meta.get("turn", 0))])
+    def start_episode(self, episode: EpisodeStart) -> EpisodeAgent:
+        if isinstance(self.baseline, TextPolicy) and episode.seed is not None:
+            return _SeededTurns(self, episode)
+        return _Expert(self, self.baseline.start_episode(episode))
 
-    def _strip(self, text: str) -> str:
-        # The generator writes only the template's content: give the expert's answer in that same form.
-        if self.prefix or self.suffix:
-            start, end = text.rfind(self.prefix), text.rfind(self.suffix)
-            if start < 0 or end < start + len(self.prefix):
-                raise ValueError(
-                    f"expert answer {text!r} does not fit the action template {self.prefix}{{}}{self.suffix}"
-                )
-            return text[start + len(self.prefix) : end]
-        return text
+    def answer(self, text: str) -> str:
+        return template_content(text, self.template) if self.template else text
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        completions = []
-        for request in requests:
-            self._reseed(request)
-            text = self._strip(self.baseline.act([request.messages])[0].text)
-            ids = self.chat_format.encode(text)
-            completions.append(Completion(text, ids, [0.0] * len(ids), "stop"))
-        return completions
+
+class _Expert(EpisodeAgent):
+    def __init__(self, expert: Expert, agent: EpisodeAgent) -> None:
+        self.expert, self.agent = expert, agent
+
+    def act(self, conversation: Sequence[Message]) -> str:
+        return self.expert.answer(as_completion(self.agent.act(conversation)).text)
+
+
+class _SeededTurns(EpisodeAgent):
+    def __init__(self, expert: Expert, episode: EpisodeStart) -> None:
+        self.expert, self.episode = expert, episode
+
+    def act(self, conversation: Sequence[Message]) -> str:
+        player = copy.copy(self.expert.baseline)
+        player.begin(self.episode)
+        if hasattr(player, "rng"):
+            turn = sum(message.role == "assistant" for message in conversation)
+            player.rng = np.random.default_rng([int(self.episode.seed), turn])
+        return self.expert.answer(player.respond(list(conversation)))
+
+
+def template_content(text: str, action_template: str) -> str:
+    """What goes inside ``action_template`` in ``text`` (its last occurrence); ValueError when it does not fit."""
+    prefix, suffix = action_template.split("{}", 1)
+    start, end = text.rfind(prefix), text.rfind(suffix)
+    if start < 0 or end < start + len(prefix):
+        raise ValueError(f"expert answer {text!r} does not fit the action template {prefix}{{}}{suffix}")
+    return text[start + len(prefix) : end]
 
 
 def expert_trajectories(
@@ -98,16 +108,10 @@ def expert_trajectories(
     action_template: str | None,
     concurrency: int = 64,
 ) -> list[Trajectory]:
-    """One expert episode per seed, recorded token-in, token-out like an RL rollout."""
-    expert = ExpertPolicy(
-        make_baseline(baseline, env_id, seed=seeds[0] if seeds else 0), tokenizer, action_template
-    )
-    try:
-        trajectories = collect(
-            make_env, expert, list(seeds), 1, max_new_tokens=1 << 16, concurrency=concurrency
-        )
-    finally:
-        expert.close()
+    """One expert episode per seed, played by the rollout engine and recorded token-in, token-out with
+    ``tokenizer`` like an RL rollout (each answer's tokens as POLICY tokens, log-prob 0)."""
+    expert = Expert(make_baseline(baseline, env_id, seed=seeds[0] if seeds else 0), action_template)
+    trajectories = collect(make_env, expert, list(seeds), 1, concurrency=concurrency, tokenizer=tokenizer)
     failed = [t.error for t in trajectories if t.error is not None]
     if failed:
         raise RuntimeError(f"{len(failed)} expert episodes failed, e.g. {failed[0]}")
@@ -192,8 +196,8 @@ def warm_start(run: TrainingRun) -> dict[str, Any]:
         policy.close()
     train_seeds = list(range(cfg.seed, cfg.seed + cfg.episodes))
     held_out = list(range(cfg.seed + cfg.episodes, cfg.seed + cfg.episodes + cfg.held_out_episodes))
-    # One episode at a time: a baseline's own RNG (e.g. the bandits' random baseline) is drawn in call order, so
-    # concurrent episodes would get other actions under other thread timing and the run would not reproduce.
+    # The expert's draws are seeded per (episode seed, turn) (``Expert``); one env plays every episode in turn,
+    # as it always has, so that no state an env might keep between episodes can change the data.
     expert = expert_trajectories(run.make_env, run.tokenizer, config.env.id, cfg.baseline, train_seeds + held_out,
                                  config.env.action_template, concurrency=1)  # fmt: skip
     pad = run.tokenizer.pad_token_id

@@ -2,11 +2,12 @@
 
 Per suite entry: work out the reference scores (the ``random`` baseline and the ``oracle``, or the best
 baseline where there is none, on the same jobs; cached per suite version under ``cache_dir()/bench``), then
-play the jobs not yet in ``DIR/episodes.jsonl``. Baselines play one episode at a time (they are fast and
-this keeps them exactly reproducible); LLM agents play through the rollout engine, ``concurrency`` episodes
-in flight, in batches of that size so the token budget and the episode limit are checked between batches.
-In a two-player game every match is its own job, run on ``concurrency`` threads for backends that batch
-concurrent requests themselves (vLLM, HTTP APIs).
+play the jobs not yet in ``DIR/episodes.jsonl``. Single-agent episodes, by a baseline or an LLM, play through
+the rollout engine, ``concurrency`` episodes in flight, and are kept whole in ``DIR/episodes.trajectories.jsonl``
+(``rl-llm view DIR``); an LLM's jobs go in batches of that size, so the token budget and the episode limit
+are checked between batches. A baseline's episodes each draw from their own random stream, so they come out
+the same whatever runs beside them. In a two-player game every match is its own job, run on
+``concurrency`` threads for backends that batch concurrent requests themselves (vLLM, HTTP APIs).
 
 The agent spec ``oracle`` means each entry's reference agent and ``random`` its random baseline, so both
 run on every entry; any other baseline name runs where that baseline exists.
@@ -24,8 +25,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
-
 import rl_llm
 from rl_llm.agents.bench.episodes import (
     EpisodeLog,
@@ -33,7 +32,6 @@ from rl_llm.agents.bench.episodes import (
     JsonlAppender,
     jobs_for,
     play_game,
-    play_single,
     stable_seed,
     trajectory_record,
 )
@@ -89,34 +87,55 @@ def _unavailable(error: Exception) -> Unavailable | None:
 
 
 def run_baseline(entry: SuiteEnv, name: str, jobs: list[Job], on_record: Callable[[dict], None] | None = None,
-                 state: RunState | None = None) -> list[dict[str, Any]]:  # fmt: skip
-    """Play ``jobs`` with baseline ``name`` (a fresh instance per episode), one at a time."""
+                 state: RunState | None = None, trajectories: JsonlAppender | None = None,
+                 concurrency: int = 8) -> list[dict[str, Any]]:  # fmt: skip
+    """Play ``jobs`` with baseline ``name``: single-agent episodes through the rollout engine (``trajectories``
+    keeps them whole), game matches one at a time. Returns the log lines of the episodes that did not fail."""
+    if not entry.is_game:
+        return _run_single(entry, _baseline(name, entry), jobs, on_record, state, trajectories, concurrency,
+                           generated=False)  # fmt: skip
     records = []
-    env = None if entry.is_game else _make_env(entry)
-    try:
-        for job in jobs:
-            if state is not None and not state.can_start():
-                break
-            if env is None:
-                opponent = _baseline(str(job.opponent), entry, "opponent", job.id)
-                result = play_game(entry, job, _baseline(name, entry, job.id), opponent)
-            else:
-                result = play_single(entry, job, env, _baseline(name, entry, job.seed))
-            result.update(tokens=0, tokens_estimated=False)  # a baseline generates no tokens
-            records.append(result)
-            if on_record is not None:
-                on_record(result)
-    finally:
-        if env is not None:
-            env.close()
+    for job in jobs:
+        if state is not None and not state.can_start():
+            break
+        opponent = _baseline(str(job.opponent), entry, "opponent", job.id)
+        result = play_game(entry, job, _baseline(name, entry, job.id), opponent)
+        result.update(tokens=0, tokens_estimated=False)  # a baseline generates no tokens
+        records.append(result)
+        if on_record is not None:
+            on_record(result)
     return records
 
 
-def _make_env(entry: SuiteEnv) -> gym.Env:
-    try:
-        return gym.make(entry.env, **entry.kwargs)
-    except Exception as error:
-        raise _unavailable(error) or error from error
+def _run_single(entry: SuiteEnv, policy: Policy, jobs: list[Job], finished: Callable[[dict], None] | None,
+                state: RunState | None, trajectories: JsonlAppender | None, concurrency: int,
+                generated: bool) -> list[dict[str, Any]]:  # fmt: skip
+    """Single-agent jobs by any agent through the rollout engine. Each trajectory is kept whole (``group_id`` =
+    the job id) and its log line written as it ends; a failed episode is not logged as done (a resumed run
+    plays it again) but counted in ``state.errors``."""
+    from rl_llm.agents.rollout import collect
+
+    by_seed = {job.seed: job for job in jobs}
+    records: list[dict[str, Any]] = []
+
+    def ended(trajectory: Trajectory) -> None:
+        job = by_seed[int(trajectory.seed)]
+        if trajectory.error:
+            if "failed: SandboxUnavailable:" in trajectory.error:  # this machine cannot run the entry at all
+                raise Unavailable(trajectory.error)
+            if state is not None:
+                state.errors.setdefault(entry.key, []).append(trajectory.error)
+            return
+        if trajectories is not None:
+            trajectories.append_line(replace(trajectory, group_id=job.id).to_json())
+        result = trajectory_record(entry, job, trajectory, generated)
+        records.append(result)
+        if finished is not None:
+            finished(result)
+
+    collect(entry.env, policy, [job.seed for job in jobs], env_kwargs=dict(entry.kwargs), concurrency=concurrency,
+            on_trajectory=ended)  # fmt: skip
+    return records
 
 
 @functools.cache
@@ -222,7 +241,8 @@ def run_bench(
                 if name not in baselines_for(entry.env):
                     raise Unavailable(f"{entry.env} has no baseline {agent!r}")
                 room = state.room()
-                run_baseline(entry, name, jobs if room is None else jobs[:room], finished, state)
+                run_baseline(entry, name, jobs if room is None else jobs[:room], finished, state,
+                             JsonlAppender(out / "episodes.trajectories.jsonl"), concurrency)  # fmt: skip
             except Exception as error:
                 problem = error if isinstance(error, Unavailable) else _unavailable(error)
                 if problem is None:
@@ -277,20 +297,7 @@ def _run_llm(entry: SuiteEnv, policy: Policy, jobs: list[Job], out: Path, finish
 
 def _run_single_batch(entry: SuiteEnv, policy: Policy, batch: list[Job], trajectories: JsonlAppender,
                       finished: Callable[[dict], None], state: RunState, concurrency: int) -> None:  # fmt: skip
-    from rl_llm.agents.rollout import collect
-
-    by_seed = {job.seed: job for job in batch}
-
-    def ended(trajectory: Trajectory) -> None:
-        job = by_seed[int(trajectory.seed)]
-        if trajectory.error:  # not logged as done: a resumed run plays it again
-            state.errors.setdefault(entry.key, []).append(trajectory.error)
-            return
-        trajectories.append_line(replace(trajectory, group_id=job.id).to_json())
-        finished(trajectory_record(entry, job, trajectory))
-
-    collect(entry.env, policy, [job.seed for job in batch], env_kwargs=dict(entry.kwargs), concurrency=concurrency,
-            on_trajectory=ended)  # fmt: skip
+    _run_single(entry, policy, batch, finished, state, trajectories, concurrency, generated=True)
 
 
 def _run_game_batch(entry: SuiteEnv, policy: Policy, batch: list[Job], trajectories: JsonlAppender,

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import pytest
 
 from rl_llm.agents.baselines import baselines_for
@@ -20,6 +21,8 @@ from rl_llm.agents.bench import available_suites, load_suite, run_bench
 from rl_llm.agents.bench.episodes import jobs_for
 from rl_llm.agents.bench.runner import opponents_of
 from rl_llm.agents.bench.suite import parse_suite
+from rl_llm.agents.policy import TextPolicy
+from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.registration import env_ids
 from rl_llm.envs.social import GAMES
 
@@ -145,6 +148,68 @@ def test_killed_process_resumes_without_duplicates_or_losses(tmp_path: Path, ref
     assert resumed["complete"]
     assert sorted(map(json.dumps, episodes(out))) == sorted(map(json.dumps, episodes(tmp_path / "whole")))
     assert resumed["envs"] == whole["envs"]
+
+
+class SayEnv(TextEnv):
+    """Two turns an episode, reward 1 for saying "good"; seed 1's second step raises (a crashed tool)."""
+
+    def __init__(self) -> None:
+        super().__init__(max_turns=2)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        self.episode_seed = seed
+        return super().reset(seed=seed, options=options)
+
+    def _reset(self, options: dict[str, Any]) -> Task:
+        return Task(observation="Say something.", task_id=f"say-{self.episode_seed}", system_prompt="Talk.")
+
+    def _step(self, action: str) -> Outcome:
+        if self.episode_seed == 1 and self.turn == 2:
+            raise RuntimeError("tool crashed")
+        return Outcome("Again.", {"said": float(action == "good")}, terminated=self.turn >= 2)
+
+
+class Say(TextPolicy):
+    def __init__(self, word: str) -> None:
+        self.word = word
+
+    def respond(self, conversation: list) -> str:
+        return self.word
+
+
+@pytest.fixture
+def say_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    from rl_llm.agents.baselines import BASELINES
+
+    env_id = "tests/Say-v0"
+    gym.register(env_id, entry_point=SayEnv)
+    monkeypatch.setitem(BASELINES, env_id, {"random": lambda seed=None: Say("bad"),
+                                            "oracle": lambda seed=None: Say("good")})  # fmt: skip
+    yield env_id
+    gym.registry.pop(env_id, None)
+
+
+def test_an_env_error_fails_its_episode_only_and_baseline_runs_keep_trajectories(say_env: str, tmp_path: Path,
+                                                                                 reference_cache: Path) -> None:  # fmt: skip
+    from rl_llm.agents.bench.suite import Suite, SuiteEnv
+    from rl_llm.agents.rollout import read_trajectories
+    from rl_llm.view import load
+
+    suite = Suite("say", 1, (SuiteEnv("say", say_env, episodes=4),))
+    results = run_bench(suite, "oracle", tmp_path, reference_cache=reference_cache, log=quiet)
+    row = results["envs"]["say"]
+    assert not results["complete"] and row["episodes"] == 3 and row["errors"] == 1
+    assert "env.step failed: RuntimeError: tool crashed" in row["first_error"]
+    assert row["random"] == 0.0 and row["reference"] == 2.0 and row["normalized"] == 1.0  # failed one left out
+    assert sorted(record["id"] for record in episodes(tmp_path)) == ["say/0", "say/2", "say/3"]
+    # The baseline's episodes are kept whole, as an LLM's are, and `rl-llm view` shows them.
+    trajectories = read_trajectories(tmp_path / "episodes.trajectories.jsonl")
+    assert sorted(t.group_id for t in trajectories) == ["say/0", "say/2", "say/3"]
+    assert all(t.turns[0].action == "good" and not t.token_ids for t in trajectories)
+    page = load(tmp_path)
+    assert len(page["episodes"]) == 3 and page["episodes"][0]["turns"][0]["action"] == "good"
+    resumed = run_bench(suite, "oracle", tmp_path, reference_cache=reference_cache, log=quiet)
+    assert resumed["envs"]["say"]["errors"] == 1 and len(episodes(tmp_path)) == 3  # tried again, failed again
 
 
 class ChatServer:

@@ -14,8 +14,8 @@ import torch
 
 from rl_llm.agents import make_policy
 from rl_llm.agents.aio import run_sync
-from rl_llm.agents.evaluate import run_episodes
 from rl_llm.agents.llm import GenerationRequest, first_stop
+from rl_llm.agents.policy import EpisodeStart
 from rl_llm.agents.rollout import EpisodeJob, RolloutEngine, collect, read_trajectories, write_trajectories
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.registration import env_ids
@@ -228,11 +228,16 @@ def test_new_weights_change_generation_and_the_recorded_policy_version(make_tiny
         policy.load_weights([("not.a.parameter", torch.zeros(1))])
 
 
-def test_llm_policies_also_play_through_the_lock_step_text_api(make_tiny_policy) -> None:
+def test_llm_policies_also_play_outside_the_engine_through_an_episode_agent(make_tiny_policy) -> None:
     policy = make_tiny_policy(max_new_tokens=6)
-    records = run_episodes(functools.partial(gym.make, "rl-llm/TicTacToe-v0"), policy, episodes=2)
-    assert len(records) == 2 and all(r.terminated or r.truncated for r in records)
-    assert policy.stop == ("</move>",), "the env's stop strings reach the policy through start_episode"
+    env = gym.make("rl-llm/TicTacToe-v0")
+    observation, info = env.reset(seed=0)
+    agent = policy.start_episode(EpisodeStart(env, info, seed=0))
+    assert agent.stop == ("</move>",) and policy.stop == (), "the env's stop strings go to its episode's agent only"
+    completion = agent.act([Message("system", info["system_prompt"]), Message("user", observation)])
+    assert completion.token_ids and policy.decode(completion.token_ids) == completion.text
+    env.step(completion.text)
+    env.close()
 
 
 def test_make_policy_builds_llm_agents_and_explains_bad_specs(tiny_model_dir: Path) -> None:
@@ -248,8 +253,10 @@ def test_make_policy_builds_llm_agents_and_explains_bad_specs(tiny_model_dir: Pa
         make_policy("hf:", "rl-llm/TicTacToe-v0")
     with pytest.raises(ValueError, match="apply to LLM agents"):
         make_policy("minimax", "rl-llm/TicTacToe-v0", temperature=0.5)
-    with pytest.raises(TypeError, match="LLM policy"):
-        collect("rl-llm/TicTacToe-v0", make_policy("minimax", "rl-llm/TicTacToe-v0"), seeds=[0])
+    (baseline,) = collect("rl-llm/TicTacToe-v0", make_policy("minimax", "rl-llm/TicTacToe-v0"), seeds=[0])
+    assert baseline.error is None and baseline.terminated and not baseline.token_ids  # any agent plays
+    with pytest.raises(TypeError, match="plays a Policy"):
+        collect("rl-llm/TicTacToe-v0", object(), seeds=[0])
 
 
 def test_policy_tokens_are_the_only_ones_with_log_probs(make_tiny_policy) -> None:

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from rl_llm.agents.baselines import make_baseline
-from rl_llm.agents.evaluate import EpisodeRecord, run_episodes
-from rl_llm.agents.policy import Completion, Policy
+from rl_llm.agents.evaluate import evaluate
+from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy
 from rl_llm.agents.ray_pool import EpisodeLost, RayEnvPool
 from rl_llm.trainers.adapters.generic import EnvFactory
-from rl_llm.types import Message
+from rl_llm.types import Message, Trajectory
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'rl-llm[ray]'")
 
@@ -44,20 +44,36 @@ def kill_and_wait(actor: Any) -> None:
 
 
 class KillWorkerOnce(Policy):
-    """Delegates to ``policy``; just before its ``kill_at``-th batch it kills the pool's first actor."""
+    """Delegates to ``policy``; the first time ``live`` episodes are in play at once, it kills the pool's first
+    actor just before the next action: every env of the pool is then in the middle of an episode."""
 
-    def __init__(self, policy: Policy, pool: RayEnvPool, kill_at: int) -> None:
-        self.policy, self.pool, self.kill_at, self.calls = policy, pool, kill_at, 0
+    def __init__(self, policy: Policy, pool: RayEnvPool, live: int) -> None:
+        self.policy, self.pool, self.live = policy, pool, live
+        self.started = self.ended = 0
+        self.killed = False
 
-    def act(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
-        self.calls += 1
-        if self.calls == self.kill_at:
-            kill_and_wait(self.pool.actors[0])
-        return self.policy.act(conversations)
+    def start_episode(self, episode: EpisodeStart) -> EpisodeAgent:
+        self.started += 1
+        return _KillOnce(self, self.policy.start_episode(episode))
 
 
-def play(make_env: object, policy: Policy, episodes: int = 6) -> list[EpisodeRecord]:
-    return run_episodes(make_env, policy, episodes, seed=11, batch_size=4, keep_transcripts=True)  # type: ignore[arg-type]
+class _KillOnce(EpisodeAgent):
+    def __init__(self, killer: KillWorkerOnce, agent: EpisodeAgent) -> None:
+        self.killer, self.agent = killer, agent
+
+    def act(self, conversation: Sequence[Message]) -> str | Completion:
+        killer = self.killer
+        if not killer.killed and killer.started - killer.ended == killer.live:
+            killer.killed = True
+            kill_and_wait(killer.pool.actors[0])
+        return self.agent.act(conversation)
+
+    def end(self, trajectory: Trajectory) -> None:
+        self.killer.ended += 1
+
+
+def play(make_env: object, policy: Policy, episodes: int = 6) -> list[Trajectory]:
+    return evaluate(make_env, policy, episodes, seed=11, batch_size=4)  # type: ignore[arg-type]
 
 
 def test_ray_pool_reproduces_in_process_episodes_by_seed() -> None:
@@ -65,20 +81,19 @@ def test_ray_pool_reproduces_in_process_episodes_by_seed() -> None:
         remote = play(pool, make_baseline("random", TTT.env_id, seed=1))
         assert pool.stats.actor_restarts == 0
     local = play(TTT, make_baseline("random", TTT.env_id, seed=1))
-    assert remote == local
-    assert all(record.transcript for record in remote)  # fetched from the actors
+    assert remote == local and all(t.error is None and t.turns for t in remote)
 
 
 def test_killing_an_actor_mid_run_loses_no_episode() -> None:
     local = play(BANDIT, make_baseline("ucb", BANDIT.env_id, seed=2), episodes=8)
     with RayEnvPool(BANDIT, num_workers=2, resources_per_worker=HALF_CPU) as pool:
         first_actor = pool.actors[0]
-        policy = KillWorkerOnce(make_baseline("ucb", BANDIT.env_id, seed=2), pool, kill_at=3)
+        policy = KillWorkerOnce(make_baseline("ucb", BANDIT.env_id, seed=2), pool, live=4)
         remote = play(pool, policy, episodes=8)
         assert pool.stats.actor_restarts == 1 and pool.actors[0] is not first_actor
-        assert pool.stats.episodes_replayed == 2  # the batch of 4 envs is split over the two actors
+        assert pool.stats.episodes_replayed == 2  # the 4 envs in play are split over the two actors
         assert pool.stats.episodes_lost == 0
-    assert [r.episode for r in remote] == list(range(8))
+    assert [t.seed for t in remote] == list(range(11, 19))
     assert remote == local
 
 

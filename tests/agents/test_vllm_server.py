@@ -111,3 +111,25 @@ def test_vllm_serve_starts_a_server_plays_and_stops_it(vllm_server: Any, tmp_pat
     assert "Application startup complete" in log.read_text()
     left = {child.pid for child in psutil.Process().children(recursive=True) if child.is_running()} - before
     assert not left, f"the server's processes outlived the eval: {left}"
+
+
+def test_the_server_module_is_the_one_the_installed_vllm_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    # vLLM 0.29 moved the server to `launchers.api_server.entry` (`openai.api_server` became a deprecated
+    # alias); 0.25-0.28 have the old module only. The server command uses whichever is there, newest first.
+    import importlib.util
+
+    from rl_llm.agents.vllm_server import SERVER_MODULES, server_module
+
+    found = server_module()
+    assert found in SERVER_MODULES
+    if importlib.util.find_spec("vllm") is not None:
+        assert importlib.util.find_spec(found) is not None
+    real = importlib.util.find_spec
+
+    def before_0_29(name: str, *args: Any) -> Any:
+        if name.startswith("vllm.entrypoints.launchers"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", before_0_29)
+    assert server_module() == "vllm.entrypoints.openai.api_server"

@@ -6,18 +6,18 @@ from typing import Any
 
 import gymnasium as gym
 
-from rl_llm.agents.policy import Policy
+from rl_llm.agents.policy import EpisodeStart, Policy, as_completion
 from rl_llm.types import Message
 
 
 def play(env: gym.Env, policy: Policy, seed: int, options: dict[str, Any] | None = None) -> tuple[float, dict[str, Any]]:
     """One episode of ``policy``: (return, the final step's info plus ``terminated``)."""
     observation, info = env.reset(seed=seed, options=options)
-    policy.start_episode(0, env, info)
+    agent = policy.start_episode(EpisodeStart(env, info, seed=seed))
     messages = [Message("system", info["system_prompt"]), Message("user", observation)]
     total, done = 0.0, False
     while not done:
-        action = policy.act([messages])[0].text
+        action = as_completion(agent.act(messages)).text
         observation, reward, terminated, truncated, info = env.step(action)
         messages += [Message("assistant", action), Message("user", observation)]
         total += reward

@@ -9,7 +9,7 @@ import pytest
 import rl_llm  # noqa: F401
 from rl_llm.agents.baselines import make_baseline
 from rl_llm.agents.baselines.bandits import bandit_statistics
-from rl_llm.agents.evaluate import run_episodes, summarize
+from rl_llm.agents.evaluate import evaluate, summarize
 from rl_llm.envs.bandits.base import parse_arm
 
 MAB = "rl-llm/MultiArmedBandit-v0"
@@ -154,8 +154,8 @@ def test_contextual_observation_shows_the_exact_context() -> None:
 
 
 def mean_regret(env_id: str, agent: str, episodes: int, **kwargs) -> tuple[float, float]:
-    records = run_episodes(lambda: gym.make(env_id, **kwargs), make_baseline(agent, env_id, seed=7), episodes, seed=100)
-    return summarize(records)["regret"]
+    trajectories = evaluate(env_id, make_baseline(agent, env_id, seed=7), episodes, seed=100, env_kwargs=kwargs)
+    return summarize(trajectories)["regret"]
 
 
 def test_ucb_and_thompson_beat_random_and_epsilon_greedy_on_5_arm_bernoulli_at_t100() -> None:

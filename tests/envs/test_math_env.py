@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import rl_llm  # noqa: F401
 from rl_llm.agents.baselines import make_baseline
-from rl_llm.agents.evaluate import run_episodes
+from rl_llm.agents.evaluate import evaluate
 from rl_llm.envs.math.problems import DIFFICULTIES, FAMILIES, reasoning_gym_import_error
 from rl_llm.envs.wrappers import MultiAttempt, TryAgain
 from tests.conftest import hostile_text
@@ -50,15 +50,14 @@ def test_the_oracle_scores_one_on_every_family_level_and_format(answer_format: s
         policy = make_baseline("oracle", ENV_ID, seed=0)
         make = lambda family=family: gym.make(ENV_ID, families=[family], difficulty=difficulty,  # noqa: E731
                                               answer_format=answer_format)
-        records = run_episodes(make, policy, episodes=3, seed=difficulty)
-        assert [r.episode_return for r in records] == [1.0] * 3, family
+        trajectories = evaluate(make, policy, 3, seed=difficulty)
+        assert [t.total_reward for t in trajectories] == [1.0] * 3, family
 
 
 def test_the_random_baseline_answers_in_format_and_rarely_scores() -> None:
-    records = run_episodes(lambda: gym.make(ENV_ID, difficulty=2), make_baseline("random", ENV_ID, seed=0),
-                           episodes=30, seed=0)
-    assert all(record.turns == 1 for record in records), "every guess is a well-formed final answer"
-    assert sum(record.episode_return for record in records) < 10
+    trajectories = evaluate(ENV_ID, make_baseline("random", ENV_ID, seed=0), 30, seed=0, env_kwargs={"difficulty": 2})
+    assert all(len(t.turns) == 1 for t in trajectories), "every guess is a well-formed final answer"
+    assert sum(t.total_reward for t in trajectories) < 10
 
 
 @pytest.mark.parametrize(("answer", "expected"), [

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import rl_llm  # noqa: F401
 from rl_llm.agents.baselines import baselines_for, make_baseline
-from rl_llm.agents.evaluate import run_episodes
+from rl_llm.agents.evaluate import evaluate, transcript
 from rl_llm.envs import check_episode, check_text_env
 from rl_llm.envs.math.problems import reasoning_gym_import_error
 from rl_llm.envs.registration import env_ids
@@ -59,8 +59,8 @@ def _play(env_id: str, seed: int) -> tuple[list[str], list[float]]:
     names = baselines_for(env_id)
     if names:
         policy = make_baseline(names[0], env_id, seed=seed)
-        records = run_episodes(lambda: make(env_id), policy, episodes=3, seed=seed, keep_transcripts=True)
-        return [r.transcript for r in records], [r.episode_return for r in records]
+        trajectories = evaluate(lambda: make(env_id), policy, 3, seed=seed)
+        return [transcript(t) for t in trajectories], [t.total_reward for t in trajectories]
     env = make(env_id)
     env.reset(seed=seed)
     rewards, done = [], False

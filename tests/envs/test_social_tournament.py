@@ -10,7 +10,8 @@ from rich.console import Console
 
 from rl_llm.agents.baselines import make_baseline
 from rl_llm.agents.baselines.social import SOCIAL_BASELINES, TitForTat
-from rl_llm.agents.policy import TextPolicy
+from rl_llm.agents.llm import LLMPolicy
+from rl_llm.agents.policy import Completion, TextPolicy
 from rl_llm.agents.tournament import play_matches, print_tournament, run_tournament, write_jsonl
 from rl_llm.envs.social.prisoners_dilemma_v0 import PAYOFFS
 from rl_llm.types import Message
@@ -130,19 +131,21 @@ def test_outside_policies_play_and_are_measured_against_the_exploiters() -> None
     assert {m.agents for m in result.exploiter_matches} >= {("mine", "always_defect"), ("always_defect", "mine")}
 
 
-def test_matches_of_all_seeds_are_batched_into_one_act_call() -> None:
+def test_an_llm_gets_the_requests_of_all_seeds_as_one_batch() -> None:
     calls: list[int] = []
 
-    class Counting(TitForTat):
-        def act(self, conversations):
-            calls.append(len(conversations))
-            return super().act(conversations)
+    class TitForTatLLM(LLMPolicy):
+        """A stand-in LLM backend: answers every request as tit-for-tat would, counting its batches."""
 
-    policy = Counting(seed=0)
+        def generate(self, requests):
+            calls.append(len(requests))
+            return [Completion(TitForTat().respond(request.messages)) for request in requests]
+
+    policy = TitForTatLLM()
     records = play_matches("prisoners_dilemma_v0", (policy, policy), seeds=[0, 1, 2],
                            env_kwargs={"num_rounds": 2})
     assert [r.returns for r in records] == [(6.0, 6.0)] * 3
-    assert sum(calls) == 2 * 3 * 2 and max(calls) == 3  # one call per AEC turn, all seeds at once
+    assert sum(calls) == 2 * 3 * 2 and max(calls) == 3  # one batch per AEC turn, all seeds at once
 
 
 def test_tables_and_jsonl(ipd, tmp_path) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 import rl_llm  # noqa: F401
 from rl_llm.agents.baselines.terminal import DoNothing, RandomCommands, TerminalOracle
-from rl_llm.agents.evaluate import run_episodes
+from rl_llm.agents.evaluate import evaluate
 from rl_llm.envs.terminal import FAMILIES, TerminalTask, generate_task, load_task_folder
 from rl_llm.envs.terminal.terminal_env import INVALID_ACTION, TerminalEnv, parse_turn
 from rl_llm.sandboxes import SandboxPool, available_backends, make
@@ -74,8 +74,8 @@ def test_oracle_solves_and_baselines_fail_500_seeds_per_family(family: str) -> N
 
 def test_oracle_in_batches_sharing_a_sandbox_pool() -> None:
     with SandboxPool(size=2) as pool:
-        records = run_episodes(lambda: TerminalEnv(sandbox=pool), TerminalOracle(), episodes=4, seed=5, batch_size=2)
-        assert [r.episode_return for r in records] == [1.0] * 4
+        trajectories = evaluate(lambda: TerminalEnv(sandbox=pool), TerminalOracle(), 4, seed=5, batch_size=2)
+        assert [t.total_reward for t in trajectories] == [1.0] * 4
         assert pool.stats()["created"] <= 2
 
 

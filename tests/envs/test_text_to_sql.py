@@ -15,7 +15,7 @@ from sqlglot import exp
 
 import rl_llm  # noqa: F401
 from rl_llm.agents.baselines import make_baseline
-from rl_llm.agents.evaluate import run_episodes
+from rl_llm.agents.evaluate import evaluate
 from rl_llm.envs.sql.results import has_top_level_order_by, results_match
 from rl_llm.envs.sql.tasks import CHINOOK_DB, SqlTask
 from rl_llm.envs.sql.text_to_sql import TextToSQLEnv
@@ -106,9 +106,9 @@ def test_oracle_scores_one_on_every_bundled_task() -> None:
 def test_oracle_agents_through_the_rollout_loop() -> None:
     for name, turns in (("oracle", 1.0), ("schema-probe", 2.0)):
         policy = make_baseline(name, ENV_ID, seed=0)
-        records = run_episodes(lambda: gym.make(ENV_ID), policy, episodes=12, seed=5)
-        assert all(record.episode_return == 1.0 for record in records), name
-        assert all(record.turns == turns for record in records), name
+        trajectories = evaluate(ENV_ID, policy, 12, seed=5)
+        assert all(t.total_reward == 1.0 for t in trajectories), name
+        assert all(len(t.turns) == turns for t in trajectories), name
 
 
 # Semantically equal rewrites: other join orders, aliases, subqueries instead of joins, column orders.

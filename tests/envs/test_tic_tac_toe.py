@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import rl_llm  # noqa: F401
 from rl_llm.agents.baselines import make_baseline
 from rl_llm.agents.baselines.tictactoe import parse_board
-from rl_llm.agents.evaluate import run_episodes
+from rl_llm.agents.evaluate import evaluate
 from rl_llm.envs.tictactoe.rules import CELL_NAMES, CELL_NUMBERS, optimal_moves, parse_cell, read_move, winner
 from rl_llm.types import Message
 from tests.conftest import hostile_text
@@ -84,19 +84,19 @@ def test_a_legal_move_resets_the_illegal_streak() -> None:
 
 
 def test_outcome_reward_matches_the_result_of_each_game() -> None:
-    records = run_episodes(lambda: gym.make(TTT, agent_mark="X"), make_baseline("random", TTT, seed=0), 60, seed=0)
+    records = evaluate(TTT, make_baseline("random", TTT, seed=0), 60, seed=0, env_kwargs={"agent_mark": "X"})
     for record in records:
         expected = record.metrics["win"] - record.metrics["loss"]
-        assert record.terminated and record.episode_return == expected
+        assert record.terminated and record.total_reward == expected
         assert record.metrics["win"] + record.metrics["draw"] + record.metrics["loss"] == 1.0
-    assert {r.episode_return for r in records} == {-1.0, 0.0, 1.0}
+    assert {r.total_reward for r in records} == {-1.0, 0.0, 1.0}
 
 
 @pytest.mark.parametrize("opponent", ["random", "minimax"])
 def test_minimax_never_loses_over_200_games(opponent: str) -> None:
-    records = run_episodes(lambda: gym.make(TTT, opponent=opponent), make_baseline("minimax", TTT, seed=1), 200, seed=0)
+    records = evaluate(TTT, make_baseline("minimax", TTT, seed=1), 200, seed=0, env_kwargs={"opponent": opponent})
     assert all(record.metrics["loss"] == 0.0 for record in records)
-    assert all(record.invalid_actions == 0 for record in records)
+    assert not any(turn.invalid_action for record in records for turn in record.turns)
     if opponent == "minimax":
         assert all(record.metrics["draw"] == 1.0 for record in records)
     else:
@@ -105,7 +105,7 @@ def test_minimax_never_loses_over_200_games(opponent: str) -> None:
 
 def test_mixed_opponent_strength_lies_between_random_and_minimax() -> None:
     def random_agent_losses(**kwargs) -> float:
-        records = run_episodes(lambda: gym.make(TTT, **kwargs), make_baseline("random", TTT, seed=2), 150, seed=0)
+        records = evaluate(TTT, make_baseline("random", TTT, seed=2), 150, seed=0, env_kwargs=kwargs)
         return sum(record.metrics["loss"] for record in records)
 
     weak, mixed, perfect = (random_agent_losses(opponent="random"),
@@ -161,8 +161,8 @@ def test_baselines_read_either_board_and_answer_in_its_naming(cell_names: str, n
     assert answer.removeprefix("<move>").removesuffix("</move>") in names
     observation = env.step(answer)[0]
     assert parse_board(observation).count("X") == 1 and parse_board(observation).count("O") == 1
-    records = run_episodes(lambda: gym.make(TTT, opponent="random", cell_names=cell_names), minimax, 60, seed=0)
-    assert all(r.invalid_actions == 0 and r.metrics["loss"] == 0.0 for r in records)
+    records = evaluate(TTT, minimax, 60, seed=0, env_kwargs={"opponent": "random", "cell_names": cell_names})
+    assert all(not any(turn.invalid_action for turn in r.turns) and r.metrics["loss"] == 0.0 for r in records)
 
 
 @given(actions=st.lists(hostile_text(), min_size=1, max_size=6), seed=st.integers(0, 2**16))

@@ -50,12 +50,11 @@ def all_finite(model: nn.Module) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
-def train(model: nn.Module, precision: Precision | None, updates: int, lr: float = 1e-3,
-          overrides: tuple[str, ...] = ()) -> list[dict[str, float]]:  # fmt: skip
+def train(model: nn.Module, precision: Precision | None, updates: int, lr: float = 1e-3) -> list[dict[str, float]]:
     """``updates`` policy updates (4 optimizer steps each, KL to the initial policy) on the same batch."""
-    config = load_config(overrides=[*UPDATE, *overrides], base=DEFAULT_JOB)
+    config = load_config(overrides=UPDATE, base=DEFAULT_JOB)
     batch, advantages = make_batch()
-    reference = FrozenReference(model, None if precision is None else precision.dtype)
+    reference = FrozenReference(model)
     optimizer = torch.optim.AdamW(trainable(model), lr=lr)
     generator = torch.Generator().manual_seed(0)
     return [policy_update(model, optimizer, batch, advantages, config, generator, reference.logprobs, None,
@@ -112,16 +111,15 @@ def test_float16_policy_updates_stay_finite_and_close_to_float32(lora: bool) -> 
     batch, _ = make_batch()
     start = policy_logprobs(mixed, batch, half)
     assert (start - policy_logprobs(plain, batch, full)).abs().max() < 0.005  # float16 matmuls, same weights
-    if not lora:  # the KL anchor: a float16 copy (no master weights), about where the policy starts
-        reference = FrozenReference(mixed, torch.float16)
-        assert {p.dtype for p in reference.copy.parameters()} == {torch.float16}
-        with half.autocast():
-            anchor = reference.logprobs(batch.input_ids, batch.attention_mask, 1.0, batch.policy_mask)
-        assert (anchor[batch.policy_mask] - start).abs().max() < 0.02
+    # The KL anchor computes exactly the policy it was copied from (a float16 copy would not: the KL would start
+    # above 0 and pull the policy toward float16 rounding).
+    with half.autocast():
+        anchor = FrozenReference(mixed).logprobs(batch.input_ids, batch.attention_mask, 1.0, batch.policy_mask)
+    assert torch.equal(anchor[batch.policy_mask], start)
 
-    lora_lr = ("optim.lr=1e-2",) if lora else ()
-    mixed_stats = train(mixed, half, updates=3, lr=1e-2 if lora else 1e-3, overrides=lora_lr)
-    plain_stats = train(plain, None, updates=3, lr=1e-2 if lora else 1e-3, overrides=lora_lr)
+    lr = 1e-2 if lora else 1e-3  # the adapters' B matrices start at 0: LoRA needs the larger steps to move
+    mixed_stats = train(mixed, half, updates=3, lr=lr)
+    plain_stats = train(plain, None, updates=3, lr=lr)
     assert all_finite(mixed)
     for stats in mixed_stats:
         assert all(math.isfinite(value) for value in stats.values()), stats
@@ -245,7 +243,7 @@ def test_a_float16_run_builds_mixed_precision_and_resumes_its_loss_scales(tmp_pa
     try:
         assert {p.dtype for p in run.model.parameters()} == {torch.float32}
         assert {p.dtype for p in run.critic.parameters()} == {torch.float32}
-        assert {p.dtype for p in run.reference.copy.parameters()} == {torch.float16}  # frozen: half the memory
+        assert {p.dtype for p in run.reference.copy.parameters()} == {torch.float32}  # the policy's numerics
         assert run.generator.autocast_dtype == torch.float16
         assert run.precision.scaler is not None and run.critic_precision.scaler is not run.precision.scaler
         # Scales a run would reach after overflows and growth, distinct for the two optimizers.
@@ -282,7 +280,8 @@ def test_float16_ppo_and_grpo_runs_end_to_end(tmp_path: Path) -> None:
         for record in records:
             assert {"loss/grad_scale", "loss/skipped_steps", "loss/policy_loss", *keys} <= record.keys(), name
             assert all(math.isfinite(v) for v in record.values() if isinstance(v, float)), (name, record)
-            assert record["loss/logprob_gap_generator"] < 1e-3 if record["step"] == 1 else True  # same numerics
+        # The generator runs on the trainer's module under the same autocast: it recorded the trainer's log-probs.
+        assert records[0]["loss/logprob_gap_generator"] < 1e-4, name
 
 
 # -- model.deterministic: CUDA only ----------------------------------------------------------------------------

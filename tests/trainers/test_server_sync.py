@@ -173,3 +173,12 @@ def test_a_started_server_does_not_take_the_trainers_devices_blindly(monkeypatch
     assert group_backend(torch.device("cuda", 0), server_on_own_gpu=False) == "gloo"
     assert group_backend(torch.device("cuda", 0), server_on_own_gpu=True) == "nccl"
     assert group_backend(torch.device("cpu"), server_on_own_gpu=True) == "gloo"
+
+
+def test_a_prefix_cache_reset_counts_as_done_unless_the_server_says_it_failed() -> None:
+    from rl_llm.trainers.server_sync import prefix_cache_was_reset
+
+    assert prefix_cache_was_reset(httpx.Response(200))  # vLLM 0.25: an empty body, the result unchecked
+    assert prefix_cache_was_reset(httpx.Response(200, json={"success": True}))  # 0.26+
+    assert not prefix_cache_was_reset(httpx.Response(200, json={"success": False}))  # blocks still held
+    assert prefix_cache_was_reset(httpx.Response(200, text="not json"))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -15,7 +17,7 @@ from rl_llm.trainers.batch import collate
 from rl_llm.trainers.config import ConfigError, load_config
 from rl_llm.trainers.evaluation import evaluate_llm
 from rl_llm.trainers.runner import env_factory
-from rl_llm.trainers.sft import ExpertPolicy, expert_nll, expert_trajectories, sft
+from rl_llm.trainers.sft import expert_nll, expert_trajectories, sft, template_content
 from rl_llm.types import TokenRole
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tictactoe_grpo_cpu.yaml"
@@ -84,13 +86,22 @@ def test_expert_episodes_are_recorded_like_rollouts(setting) -> None:
     assert batch.num_policy_tokens == sum(len(t.turns) for t in trajectories)  # one token per move
 
 
-def test_expert_answers_must_fit_the_template(setting) -> None:
-    _, _, tokenizer, _ = setting
-    from rl_llm.agents.baselines import make_baseline
-
-    expert = ExpertPolicy(make_baseline("minimax", TTT, seed=0), tokenizer, "<cell>{}</cell>")
+def test_expert_answers_must_fit_the_template() -> None:
+    assert template_content("<move>B2</move>", "<move>{}</move>") == "B2"
     with pytest.raises(ValueError, match="does not fit the action template"):
-        expert._strip("<move>B2</move>")
+        template_content("<move>B2</move>", "<cell>{}</cell>")
+
+
+def test_oracles_that_read_the_env_are_experts_too(setting) -> None:
+    # The SQL oracle reads each episode's gold query from its env: per-episode agents keep the episodes apart.
+    _, _, tokenizer, _ = setting
+    env_id = "rl-llm/TextToSQL-v0"
+    trajectories = expert_trajectories(functools.partial(gym.make, env_id, mode="single"), tokenizer, env_id,
+                                       "oracle", list(range(6)), None, concurrency=6)  # fmt: skip
+    for trajectory in trajectories:
+        assert trajectory.total_reward == 1.0 and trajectory.num_policy_tokens > 0
+        (turn,) = trajectory.turns
+        assert tokenizer.decode(trajectory.token_ids[turn.token_start : turn.token_end]) == turn.action
 
 
 def test_sft_lowers_expert_nll_and_raises_legal_moves_on_held_out_seeds(setting) -> None:

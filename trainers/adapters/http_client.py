@@ -1,7 +1,7 @@
 """A small Python client for the rl-llm env server (``http_server.py``).
 
 ``EnvClient(url).make(env_id, **kwargs)`` returns a :class:`RemoteEnv` with the Gymnasium ``reset``/``step``/
-``close`` API, so code written for local envs (the rollout engine, ``run_episodes``) runs against remote ones.
+``close`` API, so code written for local envs (the rollout engine, ``evaluate``) runs against remote ones.
 ``step_batch``/``reset_batch`` move many sessions in one request; a failed item comes back as an
 :class:`EnvServerError` in its slot, the others still succeed.
 """

@@ -19,7 +19,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from rl_llm.agents.baselines import make_baseline
-from rl_llm.agents.evaluate import run_episodes
+from rl_llm.agents.evaluate import evaluate
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.trainers.adapters.generic import EnvFactory
 from rl_llm.trainers.adapters.http_client import EnvClient, EnvServerError
@@ -110,13 +110,13 @@ def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
     return True
 
 
-def records_key(records: list[Any]) -> list[tuple[Any, ...]]:
-    return [(r.seed, r.task_id, r.episode_return, r.turns, r.transcript) for r in records]
+def records_key(trajectories: list[Any]) -> list[tuple[Any, ...]]:
+    return [(t.seed, t.task_id, t.total_reward, t.messages, t.error) for t in trajectories]
 
 
 def play_local(seed: int, episodes: int) -> list[Any]:
     policy = make_baseline("random", TTT, seed=seed)
-    return run_episodes(EnvFactory(TTT), policy, episodes, seed=seed, batch_size=3, keep_transcripts=False)
+    return evaluate(EnvFactory(TTT), policy, episodes, seed=seed, batch_size=3)
 
 
 def test_remote_env_plays_exactly_like_a_local_env() -> None:
@@ -143,12 +143,12 @@ def test_concurrent_clients_get_the_same_episodes_as_local_play() -> None:
         def remote_run(seed: int) -> list[Any]:
             with EnvClient(served.url) as client:
                 policy = make_baseline("random", TTT, seed=seed)
-                return run_episodes(lambda: client.make(TTT), policy, 4, seed=seed, batch_size=3)
+                return evaluate(lambda: client.make(TTT), policy, 4, seed=seed, batch_size=3)
 
         with ThreadPoolExecutor(len(seeds)) as pool:
             remote = list(pool.map(remote_run, seeds))
         assert [records_key(r) for r in remote] == [records_key(play_local(seed, 4)) for seed in seeds]
-        assert wait_until(ledger.all_closed_once)  # run_episodes closes its envs -> DELETE
+        assert wait_until(ledger.all_closed_once)  # the rollout engine closes its envs -> DELETE
         assert len(ledger.built) == len(seeds) * 3
     assert server.snapshot()["live_sessions"] == 0
 

@@ -1,0 +1,180 @@
+"""The package's import graph keeps its layers: nothing imports up a layer, and no modules import each other.
+
+Layers, lowest first (a module may import its own layer and the ones below it):
+
+0. core: ``rl_llm.types``, ``rl_llm.paths``, ``rl_llm.console`` (``CORE``): plain helpers everything may use.
+1. ``rl_llm.sandboxes``
+2. ``rl_llm.envs``, and the package root ``rl_llm`` (its ``__init__`` only registers the environments)
+3. ``rl_llm.agents``
+4. ``rl_llm.trainers``
+5. tools on top: ``rl_llm.cli``, ``rl_llm.doctor``, ``rl_llm.view`` (``TOOLS``)
+
+Every import counts (module level, in functions, absolute and relative) except those under
+``if TYPE_CHECKING:``, which never run. Cycles are looked for among module-level imports only (lazy imports in
+functions run after both modules exist). A new ``rl_llm/*.py`` module must be placed in ``CORE`` or ``TOOLS``.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: pyproject.toml's package-dir: each top-level folder is installed as a subpackage of rl_llm.
+PACKAGE_DIRS = {"rl_llm": "rl_llm", "rl_llm.envs": "envs", "rl_llm.agents": "agents", "rl_llm.trainers": "trainers",
+                "rl_llm.sandboxes": "sandboxes"}  # fmt: skip
+CORE = {"rl_llm.types", "rl_llm.paths", "rl_llm.console"}
+TOOLS = {"rl_llm.cli", "rl_llm.doctor", "rl_llm.view"}
+LAYERS = {"rl_llm.sandboxes": 1, "rl_llm.envs": 2, "rl_llm": 2, "rl_llm.agents": 3, "rl_llm.trainers": 4}
+LAYER_NAMES = {0: "core", 1: "sandboxes", 2: "envs", 3: "agents", 4: "trainers", 5: "tools"}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module
+    target: str  # the imported module of this package (the deepest one that exists)
+    path: Path
+    line: int
+    module_level: bool
+
+    def where(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its ``__init__.py``)."""
+    found: dict[str, Path] = {}
+    for package, folder in PACKAGE_DIRS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if not any(part.startswith(".") or part == "__pycache__" for part in parts):
+                found[".".join((package, *parts)).removesuffix(".__init__")] = path
+    return found
+
+
+def layer(module: str) -> int:
+    if module in CORE:
+        return 0
+    if module in TOOLS:
+        return 5
+    for package, level in sorted(LAYERS.items(), key=lambda item: -len(item[0])):
+        if module == package or module.startswith(package + "."):
+            if package == "rl_llm" and module != "rl_llm":
+                raise AssertionError(f"{module} is in no layer: add it to CORE or TOOLS in {Path(__file__).name}")
+            return level
+    raise AssertionError(f"{module} is in no layer")
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")  # fmt: skip
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> list[Import]:
+    """The package-internal imports of one module, TYPE_CHECKING blocks left out."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_package = path.name == "__init__.py"
+    found: list[Import] = []
+
+    def resolve(dotted: str) -> str | None:
+        while dotted and dotted not in known:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    def add(target: str | None, node: ast.stmt, module_level: bool) -> None:
+        if target is not None and target != name:
+            found.append(Import(name, target, path, node.lineno, module_level))
+
+    def visit(node: ast.AST, module_level: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for stmt in child.orelse:  # the else branch runs
+                    visit_stmt(stmt, module_level)
+                continue
+            visit_stmt(child, module_level)
+
+    def visit_stmt(child: ast.AST, module_level: bool) -> None:
+        if isinstance(child, ast.Import):
+            for alias in child.names:
+                if alias.name == "rl_llm" or alias.name.startswith("rl_llm."):
+                    add(resolve(alias.name), child, module_level)
+        elif isinstance(child, ast.ImportFrom):
+            if child.level:
+                base = name if is_package else name.rpartition(".")[0]
+                for _ in range(child.level - 1):
+                    base = base.rpartition(".")[0]
+                module = f"{base}.{child.module}" if child.module else base
+            else:
+                module = child.module or ""
+            if module == "rl_llm" or module.startswith("rl_llm."):
+                for alias in child.names:  # `from pkg import submodule` imports the submodule
+                    add(resolve(f"{module}.{alias.name}"), child, module_level)
+        elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            visit(child, False)
+        else:
+            visit(child, module_level)
+
+    visit(tree, True)
+    return found
+
+
+def import_graph() -> list[Import]:
+    known = modules()
+    return [edge for name, path in known.items() for edge in imports_of(name, path, set(known))]
+
+
+def test_the_package_dirs_are_pyprojects() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert config["tool"]["setuptools"]["package-dir"] == PACKAGE_DIRS
+
+
+def test_the_graph_sees_the_whole_package() -> None:
+    known = modules()
+    assert {"rl_llm", "rl_llm.types", "rl_llm.sandboxes.base", "rl_llm.envs.base", "rl_llm.agents.llm",
+            "rl_llm.trainers.runner"} <= set(known)  # fmt: skip
+    edges = import_graph()
+    assert any(e.source == "rl_llm.trainers.runner" and e.target == "rl_llm.agents.llm" for e in edges)
+    for name in known:  # every module sits in a layer
+        layer(name)
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    upward = [
+        f"{edge.where()}: {edge.source} ({LAYER_NAMES[layer(edge.source)]}) imports {edge.target} "
+        f"({LAYER_NAMES[layer(edge.target)]})"
+        for edge in import_graph()
+        if layer(edge.target) > layer(edge.source)
+    ]
+    assert not upward, "imports up a layer (sandboxes < envs < agents < trainers):\n" + "\n".join(upward)
+
+
+def test_no_import_cycle_at_module_level() -> None:
+    graph: dict[str, list[Import]] = {}
+    for edge in import_graph():
+        if edge.module_level:
+            graph.setdefault(edge.source, []).append(edge)
+    cycles: list[str] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[Import] = []
+
+    def walk(module: str) -> None:
+        state[module] = 1
+        for edge in graph.get(module, []):
+            if state.get(edge.target) == 1:  # back to a module on the path (a source of its edges: no self-imports)
+                start = next(i for i, e in enumerate(path) if e.source == edge.target)
+                loop = [*path[start:], edge]
+                cycles.append(" -> ".join(f"{e.source} ({e.where()})" for e in loop) + f" -> {edge.target}")
+            elif state.get(edge.target) is None:
+                path.append(edge)
+                walk(edge.target)
+                path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            walk(module)
+    assert not cycles, "module-level import cycles:\n" + "\n".join(cycles)
