@@ -4,7 +4,10 @@
 directory, ``"tiny"`` (the locally built tiny model) or an already loaded ``PreTrainedModel``. ``policy.model``
 is the module generation runs on: a trainer may pass its own module in and keep training it, calling
 ``policy.mark_updated()`` after each optimizer step (or use ``load_weights``) so trajectories carry the
-right ``policy_version``.
+right ``policy_version``. ``before_generate``: a callback run at the start of every ``generate`` call, on the
+thread that generates, before the model is read (a trainer that generates while it updates swaps new weights
+in there: ``rl_llm.trainers.snapshot_sync``); every completion of the call is stamped with the
+``policy_version`` read after it (``Completion.policy_version``), so no batch mixes two versions.
 
 Generation is transformers' cached ``generate`` (left-padded batch, KV cache) with the sampling done by this
 module's ``RowSampler`` (``rl_llm.agents.sampling``): every request draws from its own random stream, seeded
@@ -34,7 +37,7 @@ Each row stops at its own eos, its own first stop string or its own token limit.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -82,6 +85,7 @@ class HFPolicy(LLMPolicy):
         max_batch_size: int = 64,
         batch_invariant: bool | None = None,
         autocast_dtype: torch.dtype | None = None,
+        before_generate: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(sampling, stop)
         if isinstance(model, PreTrainedModel):
@@ -113,12 +117,17 @@ class HFPolicy(LLMPolicy):
         # A mixed-precision trainer's module (float32 weights) generates under the trainer's autocast dtype:
         # at that dtype's speed, with the numerics of its forward passes. None: the weights' own dtype.
         self.autocast_dtype = autocast_dtype
+        #: Run at the start of each ``generate`` call, on the generating thread (module docstring).
+        self.before_generate = before_generate
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        if self.before_generate is not None:
+            self.before_generate()  # e.g. new weights swapped in: between two batches, never during one
+        version = self.policy_version  # the weights this call generates with
         prompts = [self.prompt_ids(request) for request in requests]
         if any(not prompt for prompt in prompts):
             raise ValueError("cannot generate from an empty prompt")
@@ -133,6 +142,7 @@ class HFPolicy(LLMPolicy):
                 chunk = indices[start : start + self.max_batch_size]
                 batch = self._generate_batch([requests[i] for i in chunk], [prompts[i] for i in chunk], width)
                 for index, completion in zip(chunk, batch):
+                    completion.policy_version = version
                     completions[index] = completion
         return [completion for completion in completions if completion is not None]
 

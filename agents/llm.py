@@ -164,8 +164,8 @@ class LLMPolicy(Policy):
     def sleep(self) -> None:
         """Free generator memory while the trainer runs (vLLM sleep mode); a no-op elsewhere."""
 
-    def wake_up(self) -> None:
-        """Undo ``sleep``."""
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Undo ``sleep``; ``tags`` (vLLM: ``["weights"]``, then ``["kv_cache"]``) wakes a part at a time."""
 
 
 class LLMEpisode(EpisodeAgent):

@@ -13,8 +13,9 @@ server does not apply the defaults of the model's ``generation_config``. The ser
 
 ``VLLMServer`` runs vLLM's OpenAI-compatible server module (``server_module()``; ``vllm serve`` fails at
 start under vLLM's CPU build); on a machine without CUDA it bounds the KV cache (``CPU_KV_CACHE_BYTES``),
-since vLLM's memory share there is of host RAM. ``weight_sync=True`` readies it for
-``rl_llm.trainers.server_sync``.
+since vLLM's memory share there is of host RAM. ``worker_extension`` loads a worker extension into its
+workers (a trainer passes its weight receiver, ``rl_llm.trainers.server_sync.WEIGHT_RECEIVER``): this module
+imports nothing from the trainer.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,9 @@ CPU_KV_CACHE_BYTES = 1 << 30
 #: vLLM's OpenAI-compatible server, newest layout first: ``launchers.api_server.entry`` from vLLM 0.29 on
 #: (where ``openai.api_server`` became a deprecated alias of it, to be removed), ``openai.api_server`` before.
 SERVER_MODULES = ("vllm.entrypoints.launchers.api_server.entry", "vllm.entrypoints.openai.api_server")
+#: What the deprecated ``VLLMServer(weight_sync=True)`` loads: the trainer's weight receiver
+#: (``rl_llm.trainers.server_sync.WEIGHT_RECEIVER``), named, not imported (an agent never imports a trainer).
+_TRAINER_WEIGHT_RECEIVER = "rl_llm.trainers.server_sync.WeightReceiver"
 
 
 def server_module() -> str:
@@ -169,11 +174,14 @@ class VLLMServer:
     """vLLM's OpenAI-compatible server as a subprocess on 127.0.0.1; its log goes to ``log_path``.
 
     It is started with ``--logprobs-mode processed_logprobs`` where vLLM has that option (0.10.2+), so its
-    log-probs follow the sampling temperature; ``raw_logprobs`` says when they do not. ``weight_sync=True``
-    makes it take weights from a trainer (``rl_llm.trainers.server_sync``): the worker extension
-    ``WeightReceiver`` and ``VLLM_SERVER_DEV_MODE=1`` (its ``/collective_rpc`` route), for this process only.
-    ``gpus``: ``CUDA_VISIBLE_DEVICES`` of the server (None: inherited); ``own_gpu`` says it was given devices
-    of its own. ``env``: more environment variables for it.
+    log-probs follow the sampling temperature; ``raw_logprobs`` says when they do not.
+
+    ``worker_extension``: the dotted path of a vLLM worker extension class (``--worker-extension-cls``), with
+    ``VLLM_SERVER_DEV_MODE=1`` for this process only, which exposes the ``/collective_rpc`` route its methods
+    are called through. A trainer passes its weight receiver, ``rl_llm.trainers.server_sync.WEIGHT_RECEIVER``,
+    to push weights into the server (``weight_sync=True``, deprecated, means that receiver). ``gpus``:
+    ``CUDA_VISIBLE_DEVICES`` of the server (None: inherited); ``own_gpu`` says it was given devices of its
+    own. ``env``: more environment variables for it.
     """
 
     def __init__(
@@ -184,6 +192,7 @@ class VLLMServer:
         extra_args: Sequence[str] = (),
         startup_timeout_s: float = 900.0,
         log_path: str | Path | None = None,
+        worker_extension: str | None = None,
         weight_sync: bool = False,
         gpus: str | None = None,
         env: Mapping[str, str] | None = None,
@@ -196,10 +205,13 @@ class VLLMServer:
         # vLLM refuses requests with more than 4 stop strings by default; rl-llm's envs send up to 5 (ToolCalls-v0).
         environment.setdefault("VLLM_MAX_STOP_STRINGS", "16")
         if weight_sync:
-            from rl_llm.trainers.server_sync import WEIGHT_RECEIVER
-
-            extra_args += ["--worker-extension-cls", WEIGHT_RECEIVER]
-            environment["VLLM_SERVER_DEV_MODE"] = "1"
+            warnings.warn("VLLMServer(weight_sync=True) is deprecated: pass "
+                          "worker_extension=rl_llm.trainers.server_sync.WEIGHT_RECEIVER",
+                          DeprecationWarning, stacklevel=2)  # fmt: skip
+            worker_extension = worker_extension or _TRAINER_WEIGHT_RECEIVER
+        if worker_extension:
+            extra_args += ["--worker-extension-cls", worker_extension]
+            environment["VLLM_SERVER_DEV_MODE"] = "1"  # the /collective_rpc route the extension is reached by
         if gpus is not None:
             environment["CUDA_VISIBLE_DEVICES"] = gpus
         environment.update(env or {})

@@ -102,6 +102,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     OpenAI API) and ``.model`` (the served model name, the tiny model's directory). Skips naming what is missing."""
     from rl_llm.agents.vllm_backend import vllm_import_error
     from rl_llm.agents.vllm_server import VLLMServer
+    from rl_llm.trainers.server_sync import WEIGHT_RECEIVER
 
     reason = vllm_import_error()
     if reason is not None:
@@ -109,10 +110,10 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from rl_llm.agents import tiny_model
 
     model = str(tiny_model())
-    # weight_sync: the server-mode weight sync test pushes weights into this server (and restores them).
+    # The weight receiver: the server-mode weight sync test pushes weights into this server (and restores them).
     # VLLM_MAX_STOP_STRINGS: vLLM refuses more than 4 stop strings by default; ToolCalls-v0 sends 5.
     server = VLLMServer(model, extra_args=TINY_SERVER_ARGS, log_path=tmp_path_factory.mktemp("vllm") / "server.log",
-                        weight_sync=True, env={"VLLM_MAX_STOP_STRINGS": "16"})  # fmt: skip
+                        worker_extension=WEIGHT_RECEIVER, env={"VLLM_MAX_STOP_STRINGS": "16"})  # fmt: skip
     try:
         yield server
     finally:

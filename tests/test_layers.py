@@ -41,7 +41,8 @@ class Import:
     module_level: bool
 
     def where(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
+        path = self.path.relative_to(ROOT) if self.path.is_relative_to(ROOT) else self.path
+        return f"{path}:{self.line}"
 
 
 def modules() -> dict[str, Path]:
@@ -63,7 +64,7 @@ def layer(module: str) -> int:
     for package, level in sorted(LAYERS.items(), key=lambda item: -len(item[0])):
         if module == package or module.startswith(package + "."):
             if package == "rl_llm" and module != "rl_llm":
-                raise AssertionError(f"{module} is in no layer: add it to CORE or TOOLS in {Path(__file__).name}")
+                raise AssertionError(f"{module} is in no layer: place it in CORE or TOOLS (this file)")
             return level
     raise AssertionError(f"{module} is in no layer")
 
@@ -126,7 +127,7 @@ def import_graph() -> list[Import]:
     return [edge for name, path in known.items() for edge in imports_of(name, path, set(known))]
 
 
-def test_the_package_dirs_are_pyprojects() -> None:
+def test_the_package_dirs_match_pyproject() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     assert config["tool"]["setuptools"]["package-dir"] == PACKAGE_DIRS
@@ -136,8 +137,10 @@ def test_the_graph_sees_the_whole_package() -> None:
     known = modules()
     assert {"rl_llm", "rl_llm.types", "rl_llm.sandboxes.base", "rl_llm.envs.base", "rl_llm.agents.llm",
             "rl_llm.trainers.runner"} <= set(known)  # fmt: skip
-    edges = import_graph()
-    assert any(e.source == "rl_llm.trainers.runner" and e.target == "rl_llm.agents.llm" for e in edges)
+    edges = {(e.source, e.target): e for e in import_graph()}
+    assert edges["rl_llm.trainers.runner", "rl_llm.agents.rollout"].module_level
+    assert not edges["rl_llm.trainers.generation", "rl_llm.agents.hf"].module_level  # a lazy import counts
+    assert ("rl_llm.trainers.sync", "rl_llm.agents.llm") not in edges  # under TYPE_CHECKING: it never runs
     for name in known:  # every module sits in a layer
         layer(name)
 
@@ -152,22 +155,23 @@ def test_no_module_imports_a_higher_layer() -> None:
     assert not upward, "imports up a layer (sandboxes < envs < agents < trainers):\n" + "\n".join(upward)
 
 
-def test_no_import_cycle_at_module_level() -> None:
+def cycles(edges: list[Import]) -> list[str]:
+    """Each cycle found by a depth-first walk, as ``a (file:line) -> b (file:line) -> a``."""
     graph: dict[str, list[Import]] = {}
-    for edge in import_graph():
-        if edge.module_level:
-            graph.setdefault(edge.source, []).append(edge)
-    cycles: list[str] = []
+    for edge in edges:
+        graph.setdefault(edge.source, []).append(edge)
+    found: list[str] = []
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[Import] = []
 
     def walk(module: str) -> None:
         state[module] = 1
         for edge in graph.get(module, []):
-            if state.get(edge.target) == 1:  # back to a module on the path (a source of its edges: no self-imports)
+            # Back to a module on the path: a cycle (each module on it is the source of a path edge).
+            if state.get(edge.target) == 1:
                 start = next(i for i, e in enumerate(path) if e.source == edge.target)
                 loop = [*path[start:], edge]
-                cycles.append(" -> ".join(f"{e.source} ({e.where()})" for e in loop) + f" -> {edge.target}")
+                found.append(" -> ".join(f"{e.source} ({e.where()})" for e in loop) + f" -> {edge.target}")
             elif state.get(edge.target) is None:
                 path.append(edge)
                 walk(edge.target)
@@ -177,4 +181,35 @@ def test_no_import_cycle_at_module_level() -> None:
     for module in sorted(graph):
         if module not in state:
             walk(module)
-    assert not cycles, "module-level import cycles:\n" + "\n".join(cycles)
+    return found
+
+
+def test_no_import_cycle_at_module_level() -> None:
+    found = cycles([edge for edge in import_graph() if edge.module_level])
+    assert not found, "module-level import cycles:\n" + "\n".join(found)
+
+
+def test_the_checks_catch_what_they_look_for(tmp_path: Path) -> None:
+    """Relative, lazy and TYPE_CHECKING imports are read as documented, and a cycle is reported."""
+    source = tmp_path / "vllm_server.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from . import llm\n"
+        "from ..trainers.sync import WeightSync\n"
+        "if TYPE_CHECKING:\n"
+        "    from rl_llm.trainers.runner import TrainingRun\n"
+        "def start():\n"
+        "    from rl_llm.trainers.server_sync import WEIGHT_RECEIVER\n",
+        encoding="utf-8",
+    )
+    known = {"rl_llm.agents", "rl_llm.agents.llm", "rl_llm.trainers.sync", "rl_llm.trainers.runner",
+             "rl_llm.trainers.server_sync"}  # fmt: skip
+    edges = imports_of("rl_llm.agents.vllm_server", source, known | {"rl_llm.agents.vllm_server"})
+    assert [(e.target, e.line, e.module_level) for e in edges] == [
+        ("rl_llm.agents.llm", 2, True), ("rl_llm.trainers.sync", 3, True), ("rl_llm.trainers.server_sync", 7, False),
+    ]  # fmt: skip
+    assert all(layer(e.target) > layer(e.source) for e in edges[1:])
+    a_to_b = Import("rl_llm.agents.a", "rl_llm.agents.b", source, 1, True)
+    b_to_a = Import("rl_llm.agents.b", "rl_llm.agents.a", source, 2, True)
+    (cycle,) = cycles([a_to_b, b_to_a, Import("rl_llm.agents.c", "rl_llm.agents.a", source, 3, True)])
+    assert cycle.startswith("rl_llm.agents.a (") and cycle.endswith("-> rl_llm.agents.a")

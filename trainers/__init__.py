@@ -5,8 +5,9 @@
 - ``config``: ``TrainConfig`` and ``load_config(path, overrides)`` (YAML + ``key=value``).
 - ``advantages`` (GAE, GRPO, Dr. GRPO, RLOO, REINFORCE), ``losses`` (clipped surrogate, value loss, k3 KL,
   entropy, aggregation modes), ``rewards`` (OTC, PODS), ``batch`` (trajectories -> tensors).
-- ``update`` (minibatch updates), ``modeling`` (log-probs, critic, LoRA), ``sync`` (weights to the
-  generator), ``checkpoint``, ``logging``, ``evaluation``, ``runner`` (what a loop needs around it).
+- ``update`` (minibatch updates), ``modeling`` (log-probs, critic, LoRA), ``generation`` (which generator a
+  run gets, with its weight sync), ``sync`` (weights to the generator), ``checkpoint``, ``logging``,
+  ``evaluation``, ``runner`` (what a loop needs around it).
 - ``adapters``: rl-llm environments inside other trainers (TRL, verl, ...).
 
 Submodules are imported on use, so ``import rl_llm.trainers`` stays light.

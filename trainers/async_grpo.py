@@ -32,9 +32,7 @@ from rl_llm.types import Trajectory
 def train_async_grpo(config: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
     if config.rollout.max_staleness is None:
         raise ValueError("the asynchronous loop needs rollout.max_staleness (0 or more)")
-    if config.rollout.backend == "vllm" and config.rollout.vllm.mode == "colocate":
-        raise ValueError("asynchronous training with vLLM needs rollout.vllm.mode=server: an in-process engine "
-                         "cannot take new weights while it generates")  # fmt: skip
+    # Which generators can run asynchronously: trainers/generation.py (check_generation_config) decides.
     started = time.perf_counter()
     run = TrainingRun(config, run_dir)  # resumes from run_dir/checkpoints when one is there
     try:

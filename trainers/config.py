@@ -18,7 +18,6 @@ from typing import Any
 import yaml
 
 ALGORITHMS = ("grpo", "drgrpo", "rloo", "reinforce", "ppo")
-BACKENDS = ("hf", "vllm")
 
 
 class ConfigError(ValueError):
@@ -210,10 +209,8 @@ class TrainConfig:
             self.loss.aggregation = "seq_sum_constant" if self.algorithm == "drgrpo" else "seq_mean_token_mean"
         choices = {
             "algorithm": (self.algorithm, ALGORITHMS),
-            "rollout.backend": (self.rollout.backend, BACKENDS),
             "loss.aggregation": (self.loss.aggregation, ("seq_mean_token_mean", "token_mean", "seq_sum_constant")),
             "model.dtype": (self.model.dtype, ("float32", "bfloat16", "float16")),
-            "rollout.vllm.mode": (self.rollout.vllm.mode, ("colocate", "server")),
             "otc.variant": (self.otc.variant, ("grpo", "ppo")),
         }
         for key, (value, allowed) in choices.items():
@@ -248,6 +245,9 @@ class TrainConfig:
             raise ConfigError("rollout.partial_extra_groups must be >= 0")
         if self.rollout.max_staleness is not None and self.algorithm == "ppo":
             raise ConfigError("rollout.max_staleness: the asynchronous loop is GRPO-family only (no critic)")
+        from rl_llm.trainers.generation import check_generation_config  # lazy: it imports this module
+
+        check_generation_config(self)  # rollout.backend x rollout.vllm.mode x asynchronous
         if self.optim.epochs * self.optim.minibatches == 1 and self.loss.clip_high != self.loss.clip_low:
             import logging
 

@@ -34,9 +34,9 @@ Setting, and why:
   ``invalid_action_penalty`` 1 (settled on arm C); a penalty of 0.5 left the format unlearned after 17
   steps. With the warm start every group holds all three arms from step 1, the advantage ranks them by
   their reward, and the best arm wins within ~5 steps whatever the seed: measured with
-  ``benchmarks/default_job.py`` (tiny model recipe 1, one torch thread, a 2-core CPU at load 2.0-3.4), every
-  training seed 0..4 beat UCB: 4.000 (best-arm share 1.000), seed 1 3.984 (0.996), against UCB 2.192 and
-  random 2.025, in 57-66 s of CPU time per run (warm start included; wall 57-127 s on that shared machine). The warm start is the generic
+  ``benchmarks/default_job.py`` (tiny model recipe 1, one torch thread, a 2-core CPU at load 2.9-4.9), every
+  training seed 0..4 beat UCB: 4.000 (best-arm share 1.000), against UCB 2.192 and random 2.025, in 47-50 s
+  of CPU time per run (warm start included; wall 50-140 s on that shared machine). The warm start is the generic
   ``sft`` stage of the trainer (the TicTacToe config uses it with minimax); nothing here is specific to
   the bandit beyond choosing the baseline that carries no answer.
 - 8 GRPO steps of 64 episodes (8 tasks x 8), two minibatches (two optimizer steps per batch, so the clip

@@ -121,7 +121,10 @@ def build_generator(config: TrainConfig, model: nn.Module, tokenizer: object, mo
         if is_asynchronous(config):
             # Asynchronous training generates while the trainer updates: the generator needs its own copy
             # (in the trainer's dtype, under the same autocast: the same numerics as the trainer's passes).
-            module = copy.deepcopy(module).requires_grad_(False)
+            # Its requires_grad flags stay the trainer's: on CPU, transformers' forward over frozen weights
+            # gives other last bits than over trainable ones (even in inference mode), and a zero-staleness
+            # asynchronous run must reproduce the synchronous one. Nothing trains the copy either way.
+            module = copy.deepcopy(module)
         # Generation under the trainer's autocast: the same numerics as the update's forward passes.
         return HFPolicy(module, tokenizer, sampling=sampling, max_batch_size=rollout.concurrency, seed=config.seed,
                         autocast_dtype=precision.autocast_dtype)  # fmt: skip
@@ -177,6 +180,8 @@ def server_generator(config: TrainConfig, model_path: str | Path, tokenizer: obj
         args += ["--max-model-len", str(vllm.max_model_len)]
     if device.type == "cuda" and not own_gpu:  # one GPU for both: the server takes only its share
         args += ["--gpu-memory-utilization", str(vllm.gpu_memory_utilization)]
-    server_options = {"worker_extension": WEIGHT_RECEIVER, "gpus": gpus, "log_path": Path(run_dir) / "vllm-server.log"}
+    log_path = Path(run_dir) / "vllm-server.log"
+    # The trainer's weight receiver in the server's workers: ServerWeightSync pushes weights into them.
+    server_options = {"worker_extension": WEIGHT_RECEIVER, "gpus": gpus, "log_path": log_path}
     return VLLMServerPolicy.launch(model_path, server_args=[*args, *vllm.server_args], server_options=server_options,
                                   sampling=sampling, tokenizer=tokenizer)  # fmt: skip

@@ -1,17 +1,16 @@
 """Everything a training loop needs around it, so ``grpo.py`` and ``ppo.py`` read as the algorithm alone.
 
-``TrainingRun(config, run_dir)`` builds the model, optimizer, generator (the rollout policy), weight sync and
-logs, and resumes from ``run_dir/checkpoints`` when a checkpoint is there. It then offers the steps of a
-loop: ``collect`` (rollout engine), ``score`` (returns, OTC, PODS), ``log_step`` (metrics, periodic eval,
-checkpoint) and ``finish`` (final evaluation, summary, plots).
+``TrainingRun(config, run_dir)`` builds the model, optimizer, logs, and the generator (the rollout policy)
+with its weight sync (``generation.build_generation``, the one place that picks them), and resumes from
+``run_dir/checkpoints`` when a checkpoint is there. It then offers the steps of a loop: ``collect`` (rollout
+engine), ``score`` (returns, OTC, PODS), ``log_step`` (metrics, periodic eval, checkpoint) and ``finish``
+(final evaluation, summary, plots).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import math
-import os
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -26,13 +25,13 @@ import torch
 import yaml
 
 import rl_llm  # noqa: F401  (registers the environments)
-from rl_llm.agents.llm import SamplingParams
 from rl_llm.agents.rollout import collect
 from rl_llm.envs.wrappers.attempts import reported_correct
 from rl_llm.trainers.batch import TrainBatch, collate
 from rl_llm.trainers.checkpoint import Checkpointer, restore_rng_state, rng_state, write_text_atomic
 from rl_llm.trainers.config import TrainConfig, config_to_dict
 from rl_llm.trainers.evaluation import EvalResult, evaluate_baselines, evaluate_llm, print_comparison
+from rl_llm.trainers.generation import build_generation
 from rl_llm.trainers.logging import MetricsWriter, ProgressDisplay, plot_comparison, plot_curves, read_metrics
 from rl_llm.trainers.modeling import (
     Critic,
@@ -47,7 +46,6 @@ from rl_llm.trainers.modeling import (
 )
 from rl_llm.trainers.precision import Precision
 from rl_llm.trainers.rewards import OTCTransform, pods_select
-from rl_llm.trainers.sync import make_weight_sync
 from rl_llm.types import Trajectory
 
 
@@ -145,25 +143,15 @@ class TrainingRun:
             if self.reference is not None:
                 self.reference = FrozenReference(self.model)  # the KL anchor is the warm-started policy
             release_cached_memory(self.device)  # the SFT optimizer's state and activations are garbage now
-        self.generator = self._build_generator()
+        # The generator (rollout policy) and its weight sync, as the config chooses (trainers/generation.py).
+        self.generation = build_generation(config, self.model, self.tokenizer, self.model_path, self.device,
+                                           self.run_dir, self.precision)  # fmt: skip
+        self.generator, self.sync = self.generation.policy, self.generation.sync
         try:  # the generator may be a server process: stop it if the run cannot start
-            if config.rollout.max_staleness is not None and config.rollout.backend == "hf":
-                from rl_llm.trainers.snapshot_sync import SnapshotSync
-
-                self.sync = SnapshotSync(self.generator)  # the asynchronous hf generator owns a copy
-            else:
-                self.sync = make_weight_sync(
-                    self.generator, config.rollout.backend, config.rollout.vllm.mode, config.rollout.vllm.sleep,
-                    config.rollout.vllm.server_url, config.rollout.vllm.server_group_port, self.device,
-                )  # fmt: skip
-            if self.step > 0:
-                if config.rollout.backend == "vllm":
-                    self.sync.push(self.model)  # the engine starts from the initial weights: give it the resumed ones
-                self.generator.mark_updated(self._resumed_version)
-            elif config.sft.episodes > 0 and config.rollout.backend == "vllm":
-                self.sync.push(self.model)  # the engine loaded the initial weights: give it the warm-started ones
+            if self.step > 0 or config.sft.episodes > 0:  # resumed or warm-started weights, not model.path's
+                self.generation.catch_up(self.model, self._resumed_version if self.step > 0 else None)
         except BaseException:
-            self.generator.close()
+            self.generation.close()
             raise
         self.metrics = MetricsWriter(self.run_dir, resume_step=self.step, tensorboard=config.log.tensorboard)
         self.resumed_from = self.step
@@ -197,37 +185,6 @@ class TrainingRun:
     def _adam(self, parameters: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
         optim = self.config.optim
         return torch.optim.AdamW(parameters, lr=lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay)
-
-    def _build_generator(self) -> Any:
-        config = self.config
-        sampling = SamplingParams(config.rollout.max_new_tokens, config.rollout.temperature, config.rollout.top_p)
-        if config.rollout.backend == "hf":
-            from rl_llm.agents.hf import HFPolicy
-
-            # Share the trainer's module (the LoRA-injected base model under peft): no copy, no sync traffic.
-            module = self.model.get_base_model() if is_peft(self.model) else self.model
-            if config.rollout.max_staleness is not None:
-                # Asynchronous training generates while the trainer updates: the generator needs its own copy
-                # (in the trainer's dtype, under the same autocast: the same numerics as the trainer's passes).
-                module = copy.deepcopy(module).requires_grad_(False)
-            # Generation under the trainer's autocast: the same numerics as the update's forward passes.
-            return HFPolicy(module, self.tokenizer, sampling=sampling, max_batch_size=config.rollout.concurrency,
-                            seed=config.seed, autocast_dtype=self.precision.autocast_dtype)
-        vllm = config.rollout.vllm
-        if vllm.mode == "colocate":
-            from rl_llm.agents.vllm_backend import VLLMPolicy
-
-            # The engine in this process: new weights are copied straight into its model, GPU to GPU.
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-            return VLLMPolicy(
-                self.model_path, tokenizer=self.tokenizer, sampling=sampling, async_engine=False, seed=config.seed,
-                gpu_memory_utilization=vllm.gpu_memory_utilization, enable_sleep_mode=vllm.sleep,
-                max_model_len=vllm.max_model_len, dtype=config.model.dtype,
-            )  # fmt: skip
-        from rl_llm.trainers.server_sync import server_generator
-
-        # A vLLM server: the one at rollout.vllm.server_url, or one started here (placed off the trainer's GPU).
-        return server_generator(self.model_path, self.tokenizer, sampling, self.device, config, self.run_dir)
 
     # -- the steps of a loop ------------------------------------------------------------------------------
     def collect(self) -> list[Trajectory]:
@@ -264,9 +221,9 @@ class TrainingRun:
 
     @property
     def policy_version(self) -> int:
-        """The newest weights' version: the generator's, or the one published to it (asynchronous hf runs,
-        whose generator swaps the newest weights in lazily)."""
-        return getattr(self.sync, "published_version", self.generator.policy_version)
+        """The newest weights' version, as published to the generator (which may take them up later: an
+        asynchronous hf run's generator swaps them in between two batches)."""
+        return self.sync.published_version
 
     @property
     def reference_fn(self) -> Callable[..., torch.Tensor] | None:
@@ -417,8 +374,7 @@ class TrainingRun:
 
     def close(self) -> None:
         self.metrics.close()
-        self.sync.close()
-        self.generator.close()
+        self.generation.close()
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], batch: TrainBatch) -> dict[str, float]:

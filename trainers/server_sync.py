@@ -2,7 +2,9 @@
 
 ``ServerWeightSync`` (trainer side) and ``WeightReceiver`` (a vLLM worker extension: start the server with
 ``--worker-extension-cls rl_llm.trainers.server_sync.WeightReceiver`` and ``VLLM_SERVER_DEV_MODE=1``, which
-exposes the ``/collective_rpc`` route the trainer drives it through; ``VLLMServer(weight_sync=True)`` does both).
+exposes the ``/collective_rpc`` route the trainer drives it through;
+``VLLMServer(worker_extension=WEIGHT_RECEIVER)`` does both). ``rl_llm.trainers.generation`` starts or joins
+the server of a server-mode run and builds this sync.
 
 - The group: NCCL when the trainer and the server both hold CUDA devices of their own, else gloo over CPU tensors
   (a CPU-only machine, or one GPU shared by both: NCCL refuses two ranks on one device). Same code either way.
@@ -25,18 +27,23 @@ import json
 import logging
 import os
 import socket
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from rl_llm.trainers.sync import WeightSync, merged_weights
 
-#: The worker extension class name to pass as ``--worker-extension-cls``.
+if TYPE_CHECKING:
+    from rl_llm.agents.llm import LLMPolicy
+    from rl_llm.agents.vllm_server import VLLMServerPolicy
+
+#: The worker extension class to pass as ``--worker-extension-cls`` (``VLLMServer(worker_extension=...)``).
 WEIGHT_RECEIVER = "rl_llm.trainers.server_sync.WeightReceiver"
 _STORE_PREFIX = "rl_llm_weight_sync"
 logger = logging.getLogger(__name__)
@@ -99,7 +106,7 @@ class ServerWeightSync(WeightSync):
 
     def __init__(
         self,
-        policy: Any,
+        policy: LLMPolicy,
         server_url: str,
         device: torch.device,
         *,
@@ -253,26 +260,19 @@ def server_placement(trainer_device: torch.device, gpus: str | None) -> tuple[st
 
 
 def server_generator(model_path: str | Path, tokenizer: Any, sampling: Any, device: torch.device, config: Any,
-                     run_dir: str | Path) -> Any:  # fmt: skip
-    """The generator of a server-mode run: a client of ``rollout.vllm.server_url``, or of a server started
-    here (stopped by the client's ``close()``) that takes weights from this trainer."""
-    from rl_llm.agents.vllm_server import VLLMServerPolicy
+                     run_dir: str | Path) -> VLLMServerPolicy:  # fmt: skip
+    """Deprecated: moved to ``rl_llm.trainers.generation.server_generator`` (``build_generation`` calls
+    it)."""
+    warnings.warn("rl_llm.trainers.server_sync.server_generator is deprecated: use "
+                  "rl_llm.trainers.generation.build_generation", DeprecationWarning,
+                  stacklevel=2)  # fmt: skip
+    from rl_llm.trainers.generation import server_generator
 
-    vllm = config.rollout.vllm
-    if vllm.server_url:
-        return VLLMServerPolicy(vllm.server_url, str(model_path), tokenizer=tokenizer, sampling=sampling)
-    gpus, own_gpu = server_placement(device, vllm.server_gpus)
-    args = ["--dtype", config.model.dtype, "--seed", str(config.seed)]
-    if vllm.max_model_len:
-        args += ["--max-model-len", str(vllm.max_model_len)]
-    if device.type == "cuda" and not own_gpu:  # one GPU for both: the server takes only its share
-        args += ["--gpu-memory-utilization", str(vllm.gpu_memory_utilization)]
-    server_options = {"weight_sync": True, "gpus": gpus, "log_path": Path(run_dir) / "vllm-server.log"}
-    return VLLMServerPolicy.launch(model_path, server_args=[*args, *vllm.server_args], server_options=server_options,
-                                  sampling=sampling, tokenizer=tokenizer)  # fmt: skip
+    return server_generator(config, model_path, tokenizer, sampling, device, run_dir)
 
 
-def server_weight_sync(policy: Any, device: torch.device, group_port: int = 0) -> ServerWeightSync:
+def server_weight_sync(policy: VLLMServerPolicy, device: torch.device,
+                       group_port: int = 0) -> ServerWeightSync:  # fmt: skip
     """The sync of a server-mode generator (a ``VLLMServerPolicy``): NCCL where the server has a GPU of its own
     (a server not started here is assumed to), else gloo."""
     server = getattr(policy, "server", None)

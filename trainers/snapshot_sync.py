@@ -4,38 +4,42 @@ In the synchronous loop the hf generator runs on the trainer's own module (nothi
 runs *during* the update (``rollout.max_staleness`` set), that module changes under the generator's feet, so
 the generator gets a copy of its own. ``push`` publishes a snapshot of the trainer's weights (a detached
 clone, taken between optimizer steps); the generator loads the newest snapshot on its own thread, right
-before its next generation call, so no batch ever mixes two versions of the weights. Every completion is
-stamped with the version that produced it (``Completion.policy_version``), which the rollout engine records
-per turn.
+before its next generation call (``HFPolicy``'s ``before_generate`` hook, which this sync installs), so no
+batch ever mixes two versions of the weights. Every completion is stamped with the version that produced it
+(``Completion.policy_version``), which the rollout engine records per turn. Built by
+``rl_llm.trainers.generation`` for an asynchronous run of the hf backend.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from rl_llm.agents.llm import GenerationRequest
-from rl_llm.agents.policy import Completion
 from rl_llm.trainers.modeling import is_peft
 from rl_llm.trainers.sync import WeightSync
+
+if TYPE_CHECKING:
+    from rl_llm.agents.hf import HFPolicy
 
 
 class SnapshotSync(WeightSync):
     """``push`` publishes; the generator's own thread applies the newest snapshot before generating."""
 
-    def __init__(self, policy: Any) -> None:
+    policy: HFPolicy
+
+    def __init__(self, policy: HFPolicy) -> None:
         super().__init__(policy)
         self._lock = threading.Lock()
         self._pending: tuple[int, dict[str, torch.Tensor]] | None = None
         self._published: int | None = None  # None: nothing pushed yet, the generator's own version stands
-        self._generate = policy.generate
-        # The rollout engine calls policy.generate on the policy's generation thread; stepping in there keeps
-        # the weight swap and the generation calls strictly ordered.
-        policy.generate = self._generate_with_newest_weights
+        if policy.before_generate is not None:
+            raise ValueError("SnapshotSync: the generator already has a before_generate hook")
+        # The rollout engine calls policy.generate on the policy's generation thread, which runs the hook
+        # first: the weight swap and the generation calls stay strictly ordered.
+        policy.before_generate = self.apply_pending
 
     @property
     def published_version(self) -> int:
@@ -58,13 +62,6 @@ class SnapshotSync(WeightSync):
             self.policy.model.load_state_dict(snapshot)
             self.policy.mark_updated(version)
 
-    def _generate_with_newest_weights(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        self.apply_pending()
-        version = self.policy.policy_version
-        completions = self._generate(requests)
-        for completion in completions:
-            completion.policy_version = version
-        return completions
-
     def close(self) -> None:
-        self.policy.generate = self._generate
+        if self.policy.before_generate == self.apply_pending:
+            self.policy.before_generate = None

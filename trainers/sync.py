@@ -1,5 +1,9 @@
 """Getting the trainer's new weights to the generator after each update.
 
+``WeightSync`` is the seam between the trainer and its generator (an ``LLMPolicy``);
+``rl_llm.trainers.generation`` builds the generator and the matching sync together (the one place that reads
+the backend and the vLLM mode).
+
 - ``SharedModuleSync`` (hf backend): the generator runs on the trainer's own module, so there is nothing to
   copy; the policy version is bumped so new trajectories record which weights produced them.
 - ``InProcessSync`` (vLLM engine in the trainer's process, one GPU shared): the engine sleeps during the
@@ -7,6 +11,7 @@
   the new weights loaded (``policy.load_weights``, vLLM's in-place reload), then its KV cache. Where the
   platform has no sleep mode (CPU) the engine stays awake and only the weights are loaded.
 - Server mode (a separate vLLM server process): ``rl_llm.trainers.server_sync``.
+- Asynchronous runs of the hf backend (the generator owns a copy): ``rl_llm.trainers.snapshot_sync``.
 
 LoRA: vLLM gets plain weights. The adapters' product is added to each base weight out of place, in float32,
 and only the sum is cast to the weight's dtype: the trainer's modules are never written, so the frozen base
@@ -15,14 +20,18 @@ cannot drift (merging into bf16 weights in place and unmerging again rounds twic
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from rl_llm.trainers.modeling import is_peft, release_cached_memory
+
+if TYPE_CHECKING:
+    from rl_llm.agents.llm import LLMPolicy
 
 
 @contextmanager
@@ -73,10 +82,24 @@ def lora_delta(module: nn.Module) -> torch.Tensor:
 
 
 class WeightSync:
-    """Interface: ``before_rollout`` / ``before_update`` bracket memory sharing; ``push`` sends weights."""
+    """How the trainer's weights reach the generator ``policy``.
 
-    def __init__(self, policy: Any) -> None:
+    ``before_rollout`` / ``before_update`` bracket the generator's use of memory the trainer also needs;
+    ``push(model)`` sends ``model``'s weights and returns the policy version they get;
+    ``published_version`` is the newest version the trainer has published (the generator's own, except where
+    the generator takes pushed weights up later: ``SnapshotSync``); ``close`` releases what the sync holds
+    (not the generator).
+    """
+
+    policy: LLMPolicy
+
+    def __init__(self, policy: LLMPolicy) -> None:
         self.policy = policy
+
+    @property
+    def published_version(self) -> int:
+        """The version of the newest weights the trainer has published (what a checkpoint records)."""
+        return self.policy.policy_version
 
     def before_rollout(self) -> None:
         """Called before collecting (wake a sleeping generator)."""
@@ -105,7 +128,7 @@ class InProcessSync(WeightSync):
     it cannot sleep (``policy.can_sleep`` false: vLLM on CPU).
     """
 
-    def __init__(self, policy: Any, sleep: bool = True) -> None:
+    def __init__(self, policy: LLMPolicy, sleep: bool = True) -> None:
         super().__init__(policy)
         self.sleep = sleep and getattr(policy, "can_sleep", True)
         self._asleep = False
@@ -141,13 +164,18 @@ class InProcessSync(WeightSync):
         return self.policy.policy_version
 
 
-def make_weight_sync(policy: Any, backend: str, vllm_mode: str, sleep: bool, server_url: str | None, group_port: int,
-                     device: torch.device) -> WeightSync:
-    if backend == "hf":
-        return SharedModuleSync(policy)
-    if vllm_mode == "colocate":
-        return InProcessSync(policy, sleep=sleep)
-    from rl_llm.trainers.server_sync import server_weight_sync
+def make_weight_sync(policy: LLMPolicy, backend: str, vllm_mode: str, sleep: bool, server_url: str | None,
+                     group_port: int, device: torch.device) -> WeightSync:  # fmt: skip
+    """Deprecated: ``rl_llm.trainers.generation.build_generation`` builds a run's generator and its sync
+    together (``generation.make_weight_sync(policy, config, device)``: the sync alone). ``server_url`` is
+    unused: a server-mode sync talks to ``policy.base_url``."""
+    warnings.warn("rl_llm.trainers.sync.make_weight_sync is deprecated: use rl_llm.trainers.generation"
+                  ".build_generation, or generation.make_weight_sync(policy, config, device)",
+                  DeprecationWarning, stacklevel=2)  # fmt: skip
+    from rl_llm.trainers import generation
+    from rl_llm.trainers.config import TrainConfig
 
-    # The server the generator talks to (the one the run started, or `server_url`): `policy.base_url` is it.
-    return server_weight_sync(policy, device, group_port)
+    config = TrainConfig()
+    config.rollout.backend, config.rollout.vllm.mode, config.rollout.vllm.sleep = backend, vllm_mode, sleep
+    config.rollout.vllm.server_group_port = group_port
+    return generation.make_weight_sync(policy, config, device)

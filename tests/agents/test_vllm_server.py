@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -133,3 +134,41 @@ def test_the_server_module_is_the_one_the_installed_vllm_has(monkeypatch: pytest
 
     monkeypatch.setattr(importlib.util, "find_spec", before_0_29)
     assert server_module() == "vllm.entrypoints.openai.api_server"
+
+
+def test_the_server_is_told_its_worker_extension(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An agent never imports the trainer: the launcher loads the worker extension it is given (a trainer gives
+    its weight receiver) and opens the dev-mode route its methods are called through. No process starts here."""
+    from rl_llm.agents import vllm_server
+    from rl_llm.agents.vllm_backend import vllm_import_error
+    from rl_llm.trainers.server_sync import WEIGHT_RECEIVER
+
+    if vllm_import_error() is not None:
+        pytest.skip(f"needs vLLM (CPU or GPU build): {vllm_import_error()}")
+    started: list[tuple[list[str], dict[str, str]]] = []
+
+    class Exited:  # stands in for the server process
+        returncode = 0
+
+        def __init__(self, command: list[str], env: dict[str, str], **_: Any) -> None:
+            started.append((command, env))
+
+        def poll(self) -> int:
+            return 0
+
+    # This module's Popen only (vLLM's import runs subprocesses of its own).
+    monkeypatch.setattr(vllm_server, "subprocess", SimpleNamespace(Popen=Exited, STDOUT=-2))
+    monkeypatch.setattr(vllm_server.VLLMServer, "_wait_until_healthy", lambda self, timeout_s: None)
+    monkeypatch.delenv("VLLM_SERVER_DEV_MODE", raising=False)
+
+    def launch(**options: Any) -> tuple[list[str], dict[str, str]]:
+        vllm_server.VLLMServer("model-dir", port=8123, log_path=tmp_path / "server.log", **options).close()
+        return started[-1]
+
+    command, env = launch()
+    assert "--worker-extension-cls" not in command and "VLLM_SERVER_DEV_MODE" not in env
+    command, env = launch(worker_extension=WEIGHT_RECEIVER)
+    assert command[command.index("--worker-extension-cls") + 1] == WEIGHT_RECEIVER and env["VLLM_SERVER_DEV_MODE"] == "1"
+    with pytest.warns(DeprecationWarning, match="worker_extension"):
+        old_command, old_env = launch(weight_sync=True)  # the old spelling: the trainer's receiver
+    assert (old_command[1:], old_env["VLLM_SERVER_DEV_MODE"]) == (command[1:], "1")

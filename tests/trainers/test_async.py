@@ -137,6 +137,7 @@ def test_the_seed_ledger_refuses_a_group_consumed_twice() -> None:
     (["rollout.max_staleness=-1"], "max_staleness"),
     (["rollout.partial_rollouts=true"], "needs the asynchronous loop"),
     (["rollout.max_staleness=1", "algorithm=ppo"], "GRPO-family"),
+    (["rollout.max_staleness=1", "rollout.backend=vllm"], "needs rollout.vllm.mode=server"),  # colocate: refused
 ])  # fmt: skip
 def test_bad_asynchronous_settings_are_refused(override: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -152,6 +153,8 @@ def test_the_hf_generator_of_an_async_run_has_its_own_weights(tmp_path: Path) ->
         generator_weights = dict(run.generator.model.named_parameters())
         for name, parameter in run.model.named_parameters():
             assert generator_weights[name].data_ptr() != parameter.data_ptr()
+        # The swap runs in the generator's documented hook; its generate method is its own (not patched).
+        assert run.generator.before_generate == run.sync.apply_pending and "generate" not in vars(run.generator)
         with torch.no_grad():
             next(run.model.parameters()).add_(1.0)
         version = run.sync.push(run.model)

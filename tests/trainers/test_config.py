@@ -51,6 +51,11 @@ def test_bad_types_and_values_are_named() -> None:
         load_config(overrides=["algorithm=sft"])
     with pytest.raises(ConfigError, match=r"rollout\.group_size must be positive"):
         load_config(overrides=["rollout.group_size=0"])
+    # The generator's settings are checked by the door that picks the generator (trainers/generation.py).
+    with pytest.raises(ConfigError, match=r"rollout\.backend: 'sglang' is not one of \['hf', 'vllm'\]"):
+        load_config(overrides=["rollout.backend=sglang"])
+    with pytest.raises(ConfigError, match=r"rollout\.vllm\.mode: 'remote' is not one of \['colocate', 'server'\]"):
+        load_config(overrides=["rollout.vllm.mode=remote"])
     with pytest.raises(ConfigError, match="is not a section"):
         load_config(overrides=["steps=3", "steps.x=1"])
     with pytest.raises(ConfigError, match="key=value"):

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from rl_llm.trainers import generation as generation_module
 from rl_llm.trainers import runner as runner_module
 from rl_llm.trainers.config import load_config
 from rl_llm.trainers.ppo import train_ppo
@@ -109,7 +110,7 @@ def test_every_rollout_of_a_ppo_run_with_critic_warmup_finds_the_engine_awake(
 
         return call
 
-    monkeypatch.setattr(runner_module, "make_weight_sync", stand_in_sync)
+    monkeypatch.setattr(generation_module, "make_weight_sync", stand_in_sync)
     monkeypatch.setattr(runner_module, "collect", recording("collect", runner_module.collect))
     monkeypatch.setattr(runner_module, "evaluate_llm", recording("eval", runner_module.evaluate_llm))
     config = load_config(overrides=[
@@ -124,3 +125,12 @@ def test_every_rollout_of_a_ppo_run_with_critic_warmup_finds_the_engine_awake(
     assert all(awake for _, awake in generations), generations
     # Two warm-up steps without a push, then one push; the final eval needs no further wake.
     assert engine.calls == ["sleep", "wake", "sleep", "wake", "sleep", "wake weights", "load", "wake kv_cache"]
+
+
+def test_the_old_make_weight_sync_still_builds_the_sync_with_a_warning() -> None:
+    from rl_llm.trainers.sync import make_weight_sync
+
+    with pytest.warns(DeprecationWarning, match="build_generation"):
+        sync = make_weight_sync(StandInEngine(), "vllm", "colocate", False, None, 0, torch.device("cpu"))
+    assert isinstance(sync, InProcessSync) and not sync.sleep
+    assert sync.published_version == 0 and sync.push(nn.Linear(2, 2)) == sync.published_version == 1
