@@ -114,6 +114,7 @@ class HFPolicy(LLMPolicy):
         # Requests that do not name their draw take their seed from this policy's own generator (never from
         # the global RNG, whose state belongs to the trainer and its checkpoints).
         self._fallback_seeds = torch.Generator().manual_seed(seed) if seed is not None else None
+        self._stop_candidates: dict[frozenset[str], torch.Tensor] = {}
         # A mixed-precision trainer's module (float32 weights) generates under the trainer's autocast dtype:
         # at that dtype's speed, with the numerics of its forward passes. None: the weights' own dtype.
         self.autocast_dtype = autocast_dtype
@@ -159,7 +160,7 @@ class HFPolicy(LLMPolicy):
             limits, stops = limits + [1] * filler, stops + [()] * filler
         input_ids, attention_mask = self._left_pad(prompts, max(width, *(len(p) for p in prompts)))
         prompt_length = input_ids.shape[1]
-        criteria = StopStrings(self.tokenizer, prompt_length, stops, limits)
+        criteria = StopStrings(self.tokenizer, prompt_length, stops, limits, self.stop_candidates(stops))
         sampler = RowSampler(self.sampling, torch.tensor(seeds, dtype=torch.int64, device=self.device), prompt_length)
         # Greedy decoding of the sampler's one-hot scores: transformers' loop and KV cache, our draws.
         config = GenerationConfig(
@@ -183,6 +184,23 @@ class HFPolicy(LLMPolicy):
             self.model.train(was_training)
         return [self._completion(rows[b], row_logprobs[b], criteria.stopped_at[b], limits[b])
                 for b in range(count)]  # fmt: skip
+
+    def stop_candidates(self, stops: Sequence[Sequence[str]]) -> torch.Tensor | None:
+        """A ``[vocab]`` bool mask on the model's device of the tokens that can end one of ``stops``: those whose
+        text holds a stop string's last character, or a partial UTF-8 character (decoded as U+FFFD), or lie
+        beyond the tokenizer. None (check every row) when a stop string ends in whitespace, which some
+        tokenizers drop when a token is decoded alone. Built once per set of last characters."""
+        last = frozenset(s[-1] for row in stops for s in row if s)
+        if not last or any(char.isspace() for char in last):
+            return None
+        if last not in self._stop_candidates:
+            known = len(self.tokenizer)
+            texts = self.tokenizer.batch_decode([[i] for i in range(known)], skip_special_tokens=True)
+            flags = [any(char in text for char in last) or "\ufffd" in text for text in texts]
+            size = max(known, int(self.model.get_output_embeddings().weight.shape[0]))
+            flags += [True] * (size - known)
+            self._stop_candidates[last] = torch.tensor(flags, dtype=torch.bool, device=self.device)
+        return self._stop_candidates[last]
 
     def request_seed(self, request: GenerationRequest) -> int:
         """The seed of this request's random stream: a hash of (policy seed, episode seed, group, turn)."""
@@ -259,18 +277,25 @@ class StopStrings(StoppingCriteria):
     byte-level tokens), so the check costs the same at every step.
     """
 
-    def __init__(self, tokenizer: Any, prompt_length: int, stops: Sequence[Sequence[str]], limits: Sequence[int]) -> None:
+    def __init__(self, tokenizer: Any, prompt_length: int, stops: Sequence[Sequence[str]], limits: Sequence[int],
+                 candidates: torch.Tensor | None = None) -> None:  # fmt: skip
         self.tokenizer = tokenizer
         self.prompt_length = prompt_length
         self.stops = [tuple(s for s in row if s) for row in stops]
         self.limits = list(limits)
         self.window = 4 * max((len(s) for row in self.stops for s in row), default=0) + 4
         self.stopped_at: list[int | None] = [None] * len(self.stops)
+        # Optional [vocab] mask of the tokens that can complete a stop string (``stop_candidates``): a row whose
+        # newest token cannot is not decoded this step, so most steps decode no row at all.
+        self.candidates = candidates
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
         generated = input_ids.shape[1] - self.prompt_length
         done = [at is not None or generated >= limit for at, limit in zip(self.stopped_at, self.limits)]
         rows = [b for b, row in enumerate(self.stops) if row and not done[b]]
+        if rows and self.candidates is not None:
+            newest = self.candidates[input_ids[:, -1]].tolist()  # one transfer of B flags for the whole batch
+            rows = [b for b in rows if newest[b]]
         if rows:
             start = max(self.prompt_length, input_ids.shape[1] - self.window)
             tails = input_ids[rows, start:].tolist()

@@ -118,3 +118,22 @@ def test_hf_generation_creates_nothing_on_the_default_device(make_tiny_policy, b
     with torch.device("meta"):
         got = policy.generate(requests)
     assert [(c.token_ids, c.logprobs) for c in got] == [(c.token_ids, c.logprobs) for c in expected]
+
+
+@pytest.mark.parametrize("stops", [("e", "a"), ("</move>", "t>"), ("é",), ("x\n",)])
+def test_stop_checks_skipped_by_the_candidate_mask_change_nothing(make_tiny_policy, monkeypatch, stops) -> None:
+    # Rows whose newest token cannot end a stop string are not decoded; completions must be exactly those of
+    # checking every row at every step.
+    from rl_llm.agents.llm import GenerationRequest
+
+    policy = make_tiny_policy(temperature=1.0, max_new_tokens=24, seed=2)
+    requests = [GenerationRequest(messages=[], prompt_ids=list(range(7, 7 + n)), stop=stops,
+                                  metadata={"seed": 5, "group_index": i, "turn": 0}) for i, n in enumerate((4, 9, 30, 12))]  # fmt: skip
+    fast = policy.generate(requests)
+    mask = policy.stop_candidates([stops])
+    if any(s[-1].isspace() for s in stops):
+        assert mask is None
+    else:
+        assert mask is not None and 0 < int(mask.sum()) < mask.numel()
+    monkeypatch.setattr(policy, "stop_candidates", lambda _stops: None)
+    assert [(c.token_ids, c.finish_reason) for c in policy.generate(requests)] == [(c.token_ids, c.finish_reason) for c in fast]
