@@ -34,13 +34,8 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def _mix32_int(value: int) -> int:
-    """``mix32`` of one Python integer, on the host (no tensor, so nothing lands on a default device)."""
-    x = value & MASK32
-    x ^= x >> 16
-    x = (x * 0x7FEB352D) & MASK32
-    x ^= x >> 15
-    x = (x * 0x846CA68B) & MASK32
-    return x ^ (x >> 16)
+    """``mix32`` of one Python integer, computed on the CPU (named, so it never lands on a default device)."""
+    return int(mix32(torch.tensor([value & MASK32], dtype=torch.int64, device="cpu"))[0])
 
 
 def seeded_uniforms(seeds: torch.Tensor, step: int) -> torch.Tensor:

@@ -592,7 +592,9 @@ def format_figures(figures: dict[str, Any]) -> str:
 
 
 def clean(value: Any) -> Any:
-    """JSON-safe: NaN and infinities become null."""
+    """JSON-safe: NaN and infinities become null. The trainer's summary writer does the same
+    (``trainers/runner.py`` ``_json``), but this script imports only the standard library at the top: it must
+    still write its report when ``rl_llm`` does not import on the machine it checks."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
