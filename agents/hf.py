@@ -210,6 +210,8 @@ class HFPolicy(LLMPolicy):
         if self.seed is None or meta.get("seed") is None or "turn" not in meta:
             return int(torch.randint(0, 2**62, (1,), generator=self._fallback_seeds).item())
         key = f"{self.seed}/{meta['seed']}/{meta.get('group_index', 0)}/{meta['turn']}"
+        if meta.get("seat"):  # a seat of a two-player game: each seat its own stream (agents/rollout.py)
+            key += f"/{meta['seat']}"
         return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 2
 
     def _left_pad(self, prompts: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:

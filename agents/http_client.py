@@ -14,12 +14,14 @@ from typing import Any, TypeVar
 
 import httpx
 
+from rl_llm.errors import RLLMError
+
 T = TypeVar("T")
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 MAX_RETRY_AFTER_S = 30.0
 
 
-class BackendError(RuntimeError):
+class BackendError(RLLMError, RuntimeError):
     """A generation request failed for good (after retries, or on a non-retryable error)."""
 
 

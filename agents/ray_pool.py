@@ -5,7 +5,7 @@
 and ``step`` run on one of the actors, so anything that takes ``make_env`` (the rollout engine, ``evaluate``)
 uses remote envs unchanged::
 
-    pool = RayEnvPool(EnvFactory("rl-llm/TicTacToe-v0"), num_workers=4)
+    pool = RayEnvPool(EnvFactory("rl-llm/TicTacToe-v0"), num_workers=4)  # rl_llm.envs.EnvFactory
     trajectories = evaluate(pool, policy, episodes=64)
 
 Failure handling. When an actor dies (node lost, OOM, ``ray.kill``) or a call exceeds ``call_timeout_s`` (the

@@ -45,15 +45,20 @@ cannot be built at all, or an ``on_trajectory`` callback that raises, stops the 
 ``write_trajectories`` / ``read_trajectories`` store them as JSONL (one record per line, with
 ``schema_version``).
 
-Two-player games (PettingZoo AEC and parallel; not played here yet, ``rl_llm.agents.tournament`` still has its
-own loop). Everything an episode keeps per player is one ``_Seat``: its recorder (its own ``Trajectory``), the
-stop strings its env info names, and its ``EpisodeAgent`` (None for the engine's LLM policy, which gets
-generation requests); ``_act(seat, job)`` is the one way a seat's next action is obtained, for either kind.
-A game episode is then one env and one seat per player, each seat from its own policy (``EpisodeStart.seat``
-names the player, so one policy can hold both seats): the coroutine asks the seat ``env.agent_selection``
-names (AEC; a parallel game's active seats at once, ``asyncio.gather``), steps the env, and records the
-reward and the new observation in each seat's trajectory. LLM seats of all matches share the scheduler, so
-their requests are batched across matches and seats as single-agent episodes' are.
+Two-player games (``env="social/<game>"``, a game of ``rl_llm.envs.social`` through its PettingZoo parallel
+API; docs/multi-agent.md). Everything an episode keeps per player is one ``_Seat``: its recorder (its own
+``Trajectory``), the stop strings its env info names, and its ``EpisodeAgent`` (None for the engine's LLM
+policy, which gets generation requests); ``_act(seat, job)`` is the one way a seat's next action is obtained,
+for either kind. A game episode is one env and one seat per player, each seat from its own policy
+(``EpisodeJob.players``, None: the engine's policy; ``EpisodeStart.seat`` names the player, so one policy can
+hold both seats): the coroutine asks the seats the game marks active at once (``asyncio.gather``), steps the
+env, and records each seat's reward and new observation in that seat's trajectory. A seat's observations
+while it is not asked are merged into its next user message; a reward it gets on a step it did not act in
+(a loss on the other player's winning move) is added to its last turn. Each turn records the game round it
+played in (``turn.info["round"]``) for per-round credit. LLM seats of all matches share the scheduler, so
+their requests are batched across matches and seats as single-agent episodes' are. ``collect_games`` plays
+matches and returns one tuple of trajectories (one per seat) per match; an ``action_template`` wraps the
+text of the seats the engine's own policy plays, as ``ActionTemplate`` does for a single-agent env.
 """
 
 from __future__ import annotations
@@ -75,7 +80,8 @@ from rl_llm.agents.llm import GenerationRequest, LLMPolicy
 from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy, as_completion
 from rl_llm.types import Message, TokenRole, Trajectory, Turn
 
-EnvFactory = Callable[[], gym.Env]
+#: Anything that builds a fresh env (``rl_llm.envs.EnvFactory`` is the picklable one).
+MakeEnv = Callable[[], gym.Env]
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,8 @@ class EpisodeJob:
     group_index: int = 0
     options: dict[str, Any] | None = None
     resume: PausedEpisode | None = None  # continue this paused episode instead of resetting an env
+    # A two-player game: who plays each seat (player_0, player_1); None (or a None entry) is the engine's policy.
+    players: tuple[Policy | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -110,7 +118,7 @@ class RolloutStats:
 
 
 def collect(
-    env: str | EnvFactory,
+    env: str | MakeEnv,
     policy: Policy,
     seeds: Sequence[int | None],
     group_size: int = 1,
@@ -141,11 +149,44 @@ def collect(
     return engine.run(jobs, on_trajectory)
 
 
+GAME_PREFIX = "social/"
+MAX_GAME_STEPS = 10_000  # a game that has not ended after this many env steps is truncated
+
+
+def collect_games(
+    game: str,
+    policy: Policy,
+    seeds: Sequence[int | None],
+    group_size: int = 1,
+    *,
+    players: Callable[[int | None, int], tuple[Policy | None, ...]] | None = None,
+    env_kwargs: dict[str, Any] | None = None,
+    max_new_tokens: int | None = None,
+    concurrency: int = 32,
+    **engine_options: Any,
+) -> list[tuple[Trajectory, ...]]:
+    """Play ``group_size`` matches of ``game`` (``"social/prisoners_dilemma_v0"`` or the bare module name) per
+    seed; one tuple of trajectories per match (one per seat), seed-major. ``players(seed, group_index)`` names
+    who plays each seat (None: ``policy``); by default ``policy`` plays both (self-play)."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be at least 1, got {group_size}")
+    env_id = game if game.startswith(GAME_PREFIX) else GAME_PREFIX + game
+    engine = RolloutEngine(
+        policy, env_id, env_kwargs=env_kwargs, max_new_tokens=max_new_tokens, concurrency=concurrency, **engine_options
+    )
+    jobs = [
+        EpisodeJob(seed=seed, group_index=g, players=players(seed, g) if players is not None else None)
+        for seed in seeds
+        for g in range(group_size)
+    ]
+    return engine.run(jobs)
+
+
 class RolloutEngine:
     def __init__(
         self,
         policy: Policy,
-        env: str | EnvFactory,
+        env: str | MakeEnv,
         *,
         env_kwargs: dict[str, Any] | None = None,
         max_new_tokens: int | None = None,
@@ -155,9 +196,11 @@ class RolloutEngine:
         gather_timeout_s: float | None = None,
         max_context_tokens: int | None = None,
         tokenizer: Any = None,
+        action_template: str | None = None,
     ) -> None:
         """``tokenizer``: record a non-LLM agent's episodes token-in, token-out with this tokenizer's chat
-        template (expert data for SFT); an LLM policy's own tokenizer is always used for its episodes."""
+        template (expert data for SFT); an LLM policy's own tokenizer is always used for its episodes.
+        ``action_template`` (two-player games): the text the engine's policy writes goes into its ``{}``."""
         if not isinstance(policy, Policy):
             raise TypeError(f"the rollout engine plays a Policy, got {type(policy).__name__}")
         if concurrency < 1:
@@ -167,11 +210,19 @@ class RolloutEngine:
         if self.llm is not None and tokenizer is not None:
             raise ValueError("tokenizer= is for agents without one; an LLM policy records with its own")
         self.tokenizer = tokenizer
-        if isinstance(env, str):
+        self.game: str | None = None
+        self.action_template = action_template
+        if isinstance(env, str) and env.startswith(GAME_PREFIX):
+            from rl_llm.envs.social import load
+
+            self.env_id, self.game = env, env.removeprefix(GAME_PREFIX)
+            module = load(self.game)
+            self.make_env = functools.partial(module.parallel_env, **(env_kwargs or {}))
+        elif isinstance(env, str):
             import rl_llm  # noqa: F401  (registers the environments)
 
             self.env_id = env
-            self.make_env: EnvFactory = functools.partial(gym.make, env, **(env_kwargs or {}))
+            self.make_env: MakeEnv = functools.partial(gym.make, env, **(env_kwargs or {}))
         else:
             if env_kwargs:
                 raise ValueError("env_kwargs apply to an env id; bind them into the factory instead")
@@ -191,7 +242,8 @@ class RolloutEngine:
         on_trajectory: Callable[[Trajectory], None] | None = None,
         until: Callable[[list[Trajectory]], bool] | None = None,
     ) -> list[Any]:
-        """One result per job, in order: a ``Trajectory``, or (only with ``until``) a ``PausedEpisode``.
+        """One result per job, in order: a ``Trajectory``, or (only with ``until``) a ``PausedEpisode``; in a
+        two-player game a tuple of trajectories, one per seat.
 
         ``until(finished_so_far)`` is checked as each episode ends; once it holds, the episodes still running
         stop before their next action and come back paused (partial rollouts).
@@ -204,6 +256,8 @@ class RolloutEngine:
         on_trajectory: Callable[[Trajectory], None] | None = None,
         until: Callable[[list[Trajectory]], bool] | None = None,
     ) -> list[Any]:
+        if self.game is not None and until is not None:
+            raise ValueError("partial rollouts (until=) are not supported for two-player games")
         self._on_trajectory = on_trajectory
         self._until = until
         self._finished: list[Trajectory] = []
@@ -237,7 +291,8 @@ class RolloutEngine:
                 await asyncio.gather(scheduler_task, return_exceptions=True)
             await self._close_envs()
             self._env_pool.shutdown(wait=False)
-        self.stats.policy_tokens += sum(t.num_policy_tokens for t in trajectories if isinstance(t, Trajectory))
+        played = [t for result in trajectories for t in (result if isinstance(result, tuple) else (result,))]
+        self.stats.policy_tokens += sum(t.num_policy_tokens for t in played if isinstance(t, Trajectory))
         return list(trajectories)
 
     def _recording_format(self) -> Any:
@@ -272,9 +327,10 @@ class RolloutEngine:
                     self._idle_envs.append(env)
         if isinstance(trajectory, PausedEpisode):
             return trajectory
-        if self._on_trajectory is not None:
-            self._on_trajectory(trajectory)
-        self._finished.append(trajectory)
+        for played in trajectory if isinstance(trajectory, tuple) else (trajectory,):
+            if self._on_trajectory is not None:
+                self._on_trajectory(played)
+            self._finished.append(played)
         if self._until is not None and not self._pausing and self._until(self._finished):
             self._pausing = True
         return trajectory
@@ -282,6 +338,8 @@ class RolloutEngine:
     async def _play(self, env: gym.Env, job: EpisodeJob) -> tuple[Trajectory | PausedEpisode, bool]:
         """Play (or resume) one episode; the flag says whether the env is fit for reuse (no exception escaped
         it). With partial rollouts the result may be a ``PausedEpisode``, taken between two turns."""
+        if self.game is not None:
+            return await self._play_game(env, job)
         if job.resume is not None:
             seat = job.resume.seat
         else:
@@ -347,7 +405,8 @@ class RolloutEngine:
                 stop=seat.stop,
                 max_new_tokens=budget,
                 # Names the draw, so seeded backends sample it the same whatever the batch (agents/hf.py).
-                metadata={"seed": job.seed, "group_index": job.group_index, "turn": len(trajectory.turns)},
+                metadata={"seed": job.seed, "group_index": job.group_index, "turn": len(trajectory.turns),
+                          **({"seat": trajectory.seat} if trajectory.seat else {})},
             )
             completion = await self._generate(request)
         else:
@@ -359,6 +418,110 @@ class RolloutEngine:
         version = completion.policy_version
         record.add_completion(completion, getattr(self.policy, "policy_version", 0) if version is None else version)
         return completion
+
+    # -- one match of a two-player game ------------------------------------------------------------------
+    async def _play_game(self, env: Any, job: EpisodeJob) -> tuple[tuple[Trajectory, ...], bool]:
+        """Play one match; one trajectory per seat (in ``env.possible_agents`` order) and whether the env may
+        be reused."""
+        names = list(env.possible_agents)
+        players = list(job.players or ())
+        players += [None] * (len(names) - len(players))
+        if len(players) != len(names):
+            raise ValueError(f"{self.game} has {len(names)} seats, got {len(players)} players")
+        players = [self.policy if player is None else player for player in players]
+
+        def label(index: int) -> str:  # who played the other seat: "self" in self-play, "policy", a baseline
+            other = players[1 - index]
+            if other is self.policy:
+                return "self" if players[index] is self.policy else "policy"
+            return str(getattr(other, "name", type(other).__name__))
+
+        seats = []
+        for index, (name, player) in enumerate(zip(names, players, strict=True)):
+            trajectory = Trajectory(
+                env_id=self.env_id, task_id="", seed=job.seed, group_index=job.group_index, seat=name,
+                opponent=label(index), policy_version=getattr(player, "policy_version", 0) if player is self.policy else 0,
+                temperature=getattr(player, "logprob_temperature", 1.0),
+            )  # fmt: skip
+            seats.append(_Seat(_Recorder(trajectory, self._chat_format if player is self.policy else None)))
+        records = [seat.record for seat in seats]
+
+        def fail(error: str, healthy: bool) -> tuple[tuple[Trajectory, ...], bool]:
+            return tuple(record.fail(error) for record in records), healthy
+
+        try:
+            observations, infos = await self._in_env_thread(env.reset, seed=job.seed, options=job.options)
+        except Exception as error:
+            return fail(f"env.reset failed: {type(error).__name__}: {error}", False)
+        for name, seat, player in zip(names, seats, players, strict=True):
+            info = dict(infos[name])
+            seat.record.start(info, str(observations[name]), job)
+            seat.stop = tuple(info.get("stop", ()))
+            if not (player is self.llm and self.llm is not None):
+                start = EpisodeStart(env, info, seed=job.seed, group_index=job.group_index, seat=name)
+                try:
+                    seat.agent = await self._in_env_thread(player.start_episode, start)
+                except Exception as error:
+                    return fail(f"agent failed ({name}): {type(error).__name__}: {error}", True)
+        pending: dict[str, list[str]] = {name: [] for name in names}  # observations not yet in the record
+        carried = dict.fromkeys(names, 0.0)  # rewards that arrived before the seat's first turn
+        last: dict[str, Completion | None] = dict.fromkeys(names)
+        moves = dict.fromkeys(names, 0)
+        for _ in range(MAX_GAME_STEPS):
+            active = [i for i, name in enumerate(names) if infos[name].get("active", True)]
+            if not active:
+                return fail(f"{self.game}: no player is active but the game has not ended", False)
+            for i in active:  # the seat's news since its last action becomes its next user message
+                name = names[i]
+                if last[name] is not None and pending[name]:
+                    text = "\n\n".join(pending[name])
+                    if not records[i].add_observation(text, last[name], self.max_context_tokens):
+                        return tuple(record.end("context_limit") for record in records), True
+                pending[name] = []
+            try:
+                completions = await asyncio.gather(*(self._act(seats[i], job) for i in active))
+            except Exception as error:
+                return fail(f"generation or agent failed: {type(error).__name__}: {error}", True)
+            if any(completion is None for completion in completions):
+                return tuple(record.end("context_limit") for record in records), True
+            actions = {}
+            for i, completion in zip(active, completions, strict=True):
+                text = completion.text
+                if self.action_template and players[i] is self.policy:
+                    text = self.action_template.replace("{}", text, 1)
+                actions[names[i]] = text
+            rounds = {names[i]: infos[names[i]].get("round", moves[names[i]] + 1) for i in active}
+            try:
+                observations, rewards, terminations, truncations, infos = await self._in_env_thread(env.step, actions)
+            except Exception as error:
+                return fail(f"env.step failed: {type(error).__name__}: {error}", False)
+            for i, name in enumerate(names):
+                reward, info, observation = float(rewards.get(name, 0.0)), infos[name], str(observations[name])
+                record = records[i]
+                if i in active:
+                    completion = completions[active.index(i)]
+                    record.add_step(completion, observation, reward + carried[name], info)
+                    record.trajectory.turns[-1].info["round"] = int(rounds[name])
+                    carried[name], last[name] = 0.0, completion
+                    moves[name] += not bool(info.get("invalid_action", False))
+                else:
+                    if record.trajectory.turns:
+                        record.trajectory.turns[-1].reward += reward
+                    else:
+                        carried[name] += reward
+                    record.trajectory.metrics = {k: float(v) for k, v in info.get("metrics", {}).items()}
+                if observation:
+                    pending[name].append(observation)
+            if all(terminations.get(n, False) or truncations.get(n, False) for n in names):
+                results = []
+                for name, record in zip(names, records, strict=True):
+                    terminated = bool(terminations.get(name, False))
+                    record.trajectory.terminated, record.trajectory.truncated = terminated, not terminated
+                    results.append(record.end("terminated" if terminated else "truncated"))
+                return tuple(results), True
+        for record in records:
+            record.trajectory.truncated = True
+        return tuple(record.end("truncated") for record in records), True
 
     async def _generate(self, request: GenerationRequest) -> Completion:
         if self._scheduler is not None:
@@ -397,6 +560,9 @@ class _Recorder:
         trajectory = self.trajectory
         trajectory.task_id = str(info.get("task_id", ""))
         trajectory.group_id = f"{trajectory.task_id}|seed={job.seed}"
+        # An env may name its state (info["state_key"]): each turn records the state it started from, the anchor
+        # of GiGPO's step groups (docs/training.md#turn-level-credit).
+        self._state_key = info.get("state_key")
         system = info.get("system_prompt", "")
         trajectory.messages = ([Message("system", system)] if system else []) + [Message("user", observation)]
         if self.tokenized:
@@ -422,6 +588,9 @@ class _Recorder:
                 "metrics": metrics, "finish_reason": completion.finish_reason, "policy_version": self._policy_version,
             },
         ))  # fmt: skip
+        if getattr(self, "_state_key", None) is not None:
+            self.trajectory.turns[-1].info["state_key"] = str(self._state_key)
+        self._state_key = info.get("state_key")
         self.trajectory.metrics = metrics
 
     def add_observation(self, observation: str, completion: Completion, limit: int) -> bool:

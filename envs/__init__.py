@@ -3,12 +3,13 @@ checker ``check_text_env`` (docs/writing-an-environment.md)."""
 
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.checker import EnvContractError, check_episode, check_text_env
-from rl_llm.envs.registration import ENVIRONMENTS, env_ids, register_envs
+from rl_llm.envs.registration import ENVIRONMENTS, EnvFactory, env_ids, register_envs
 from rl_llm.envs.spaces import UnicodeText
 
 __all__ = [
     "ENVIRONMENTS",
     "EnvContractError",
+    "EnvFactory",
     "Outcome",
     "Task",
     "TextEnv",

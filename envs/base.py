@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import gymnasium as gym
+import numpy as np
 
 from rl_llm.envs.spaces import UnicodeText
 
@@ -139,3 +140,13 @@ class TextEnv(gym.Env[str, str]):
 
 def _format_transcript(entries: list[tuple[str, str]]) -> str:
     return "\n\n".join(f"[{role}]\n{text}" for role, text in entries)
+
+
+def reported_correct(info: dict[str, Any]) -> bool | None:
+    """Whether the env says the final answer is right: ``info["correct"]`` (a bool), else
+    ``info["metrics"]["correct"]``; None when it says neither (the caller then judges by the reward)."""
+    correct = info.get("correct")
+    if isinstance(correct, (bool, np.bool_)):
+        return bool(correct)
+    metrics = info.get("metrics") or {}
+    return bool(metrics["correct"]) if "correct" in metrics else None

@@ -21,6 +21,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rl_llm.errors import RLLMError
+
 __all__ = ["RULES", "EnvContractError", "check_episode", "check_text_env", "hostile_actions"]
 
 #: Every rule the checker enforces, by the name its errors carry.
@@ -68,7 +70,7 @@ _PROBES = ("", "\x00", "</>< not an action >")
 MEGABYTE = 1 << 20
 
 
-class EnvContractError(AssertionError):
+class EnvContractError(RLLMError, AssertionError):
     """An environment broke a rule of the contract; ``rule`` is its name (a key of ``RULES``)."""
 
     def __init__(self, rule: str, env: gym.Env | None, detail: str) -> None:

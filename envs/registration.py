@@ -6,6 +6,7 @@ strings, so registering imports nothing heavy.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +81,33 @@ def register_envs() -> None:
                 order_enforce=False,
                 disable_env_checker=True,
             )
+
+
+@dataclass(frozen=True)
+class EnvFactory:
+    """``EnvFactory(env_id, **kwargs)()`` builds a fresh env; picklable and comparable by value.
+
+    The one meaning of "env factory" in this package: anything that takes an env accepts an id, an
+    ``EnvFactory`` or another zero-argument callable returning a ``gym.Env``; this one also crosses process
+    boundaries (Ray workers, env servers) because it holds only the id and JSON-like keyword arguments."""
+
+    env_id: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __init__(self, env_id: str, **kwargs: Any) -> None:
+        if not isinstance(env_id, str) or not env_id:
+            raise ValueError(f"env_id must be a non-empty string, got {env_id!r}")
+        object.__setattr__(self, "env_id", env_id)
+        object.__setattr__(self, "kwargs", dict(kwargs))
+
+    def __call__(self) -> gym.Env:
+        register_envs()  # a fresh worker process may not have imported rl_llm yet
+        if self.env_id not in gym.registry:
+            raise ValueError(f"unknown environment {self.env_id!r}; `rl-llm list` shows the registered ids")
+        return gym.make(self.env_id, **self.kwargs)
+
+    def __hash__(self) -> int:
+        return hash((self.env_id, json.dumps(self.kwargs, sort_keys=True, default=repr)))
 
 
 def env_ids() -> list[str]:

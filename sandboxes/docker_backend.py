@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from rl_llm.sandboxes.base import (
+    INNER_IO_DIR,
+    INNER_WORKDIR,
     TIMEOUT_EXIT_CODE,
     Command,
     ExecResult,
@@ -30,8 +32,8 @@ from rl_llm.sandboxes.base import (
     SandboxError,
     SandboxLimits,
     SandboxUnavailable,
+    sandbox_env,
 )
-from rl_llm.sandboxes.bwrap import INNER_IO_DIR, INNER_WORKDIR, sandbox_env
 from rl_llm.sandboxes.oneshot import DRAIN_GRACE_S
 from rl_llm.sandboxes.processes import close_fds
 from rl_llm.sandboxes.shell import DRIVER_ARGV, ShellProcess, driver_setup

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from rl_llm.sandboxes.base import Sandbox, SandboxLimits, SandboxUnavailable
@@ -15,6 +18,59 @@ _announced: set[str] = set()
 # Keyword options each backend takes besides the SandboxLimits fields.
 BACKEND_OPTIONS = {"bwrap": ("ro_binds", "env"), "docker": ("image", "base_image", "cpus", "env", "client"),
                    "local": ("env",)}
+START_LIMIT_VAR = "RL_LLM_SANDBOX_START_LIMIT"
+
+
+class _StartGate:
+    """At most ``limit`` sandboxes starting at once in this process; the rest wait their turn. A burst of
+    resets (a thousand episodes beginning together) then queues instead of overwhelming the machine or the
+    container engine and failing; verl's agent framework caps its starts the same way
+    (docs/serving.md#sandboxes-at-fleet-scale)."""
+
+    def __init__(self, limit: int) -> None:
+        self._cond = threading.Condition()
+        self.limit = limit
+        self.in_flight = self.peak = self.waited = self.started = 0
+
+    def set_limit(self, limit: int) -> None:
+        if not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"the sandbox start limit must be a positive int, got {limit!r}")
+        with self._cond:
+            self.limit = limit
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        with self._cond:
+            if self.in_flight >= self.limit:
+                self.waited += 1
+                self._cond.wait_for(lambda: self.in_flight < self.limit)
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.in_flight -= 1
+                self.started += 1
+                self._cond.notify()
+
+    def stats(self) -> dict[str, int]:
+        with self._cond:
+            return {"limit": self.limit, "in_flight": self.in_flight, "peak": self.peak, "waited": self.waited,
+                    "started": self.started}  # fmt: skip
+
+
+def _default_start_limit() -> int:
+    value = os.environ.get(START_LIMIT_VAR, "128")
+    try:
+        return max(1, int(value))
+    except ValueError:
+        log.warning("%s=%r is not an integer; using 128", START_LIMIT_VAR, value)
+        return 128
+
+
+starts = _StartGate(_default_start_limit())  # `starts.set_limit(n)`, `starts.stats()`
 
 
 def backend_problem(name: str) -> str | None:
@@ -109,4 +165,5 @@ def make(backend: str = "auto", *, limits: SandboxLimits | None = None, keep_war
         from rl_llm.sandboxes.docker_backend import DockerSandbox as cls  # type: ignore[assignment]
     else:
         from rl_llm.sandboxes.local import LocalSandbox as cls  # type: ignore[assignment]
-    return cls(resolved, keep_warm=keep_warm, **options)
+    with starts.slot():
+        return cls(resolved, keep_warm=keep_warm, **options)

@@ -12,8 +12,7 @@ import functools
 import os
 import secrets
 
-from rl_llm.sandboxes.base import Command, ExecResult, Sandbox, SandboxLimits
-from rl_llm.sandboxes.bwrap import sandbox_env
+from rl_llm.sandboxes.base import Command, ExecResult, Sandbox, SandboxLimits, sandbox_env
 from rl_llm.sandboxes.oneshot import run_to_completion
 from rl_llm.sandboxes.processes import kill_by_environ, kill_group
 from rl_llm.sandboxes.shell import DRIVER_ARGV, ShellProcess, spawn_popen_shell

@@ -1,6 +1,6 @@
 """Citations of the design docs stay valid: every ``docs/<page>.md#anchor`` cited in the code, configs and
 docs names a page and a heading that exist, no file cites a document outside the repository, and repository
-paths under ``rl_llm/`` exist (``envs/``, ``agents/``, ``trainers/`` and ``sandboxes/`` live at the top
+paths under ``rl_llm/`` exist (``envs/``, ``agents/``, ``trainers/``, ``sandboxes/`` and ``integrations/`` live at the top
 level and install as ``rl_llm.envs`` etc.; see docs/design.md#layout)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE_DIRS = ("rl_llm", "envs", "agents", "trainers", "sandboxes", "tests", "benchmarks", "configs", "docs")
+SOURCE_DIRS = ("rl_llm", "envs", "agents", "trainers", "sandboxes", "integrations", "tests", "benchmarks", "configs", "docs")
 SUFFIXES = {".py", ".md", ".yaml", ".yml"}
 # A citation: "docs/<page>.md" not inside another path (generated task files such as "src/docs/x.md" or a
 # quoted "docs/guide.md" of a terminal task are not citations).

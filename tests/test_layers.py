@@ -2,11 +2,12 @@
 
 Layers, lowest first (a module may import its own layer and the ones below it):
 
-0. core: ``rl_llm.types``, ``rl_llm.paths``, ``rl_llm.console`` (``CORE``): plain helpers everything may use.
+0. core: ``rl_llm.types``, ``rl_llm.paths``, ``rl_llm.console``, ``rl_llm.export``, ``rl_llm.errors`` (``CORE``): plain helpers everything may use.
 1. ``rl_llm.sandboxes``
 2. ``rl_llm.envs``, and the package root ``rl_llm`` (its ``__init__`` only registers the environments)
 3. ``rl_llm.agents``
-4. ``rl_llm.trainers``
+4. ``rl_llm.trainers``, and beside it ``rl_llm.integrations`` (envs inside other trainers and hubs); neither imports
+   the other, except the deprecated aliases in ``rl_llm.trainers.adapters``
 5. tools on top: ``rl_llm.cli``, ``rl_llm.doctor``, ``rl_llm.view`` (``TOOLS``)
 
 Every import counts (module level, in functions, absolute and relative) except those under
@@ -25,10 +26,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: pyproject.toml's package-dir: each top-level folder is installed as a subpackage of rl_llm.
 PACKAGE_DIRS = {"rl_llm": "rl_llm", "rl_llm.envs": "envs", "rl_llm.agents": "agents", "rl_llm.trainers": "trainers",
-                "rl_llm.sandboxes": "sandboxes"}  # fmt: skip
-CORE = {"rl_llm.types", "rl_llm.paths", "rl_llm.console"}
+                "rl_llm.sandboxes": "sandboxes", "rl_llm.integrations": "integrations"}  # fmt: skip
+CORE = {"rl_llm.types", "rl_llm.paths", "rl_llm.console", "rl_llm.export", "rl_llm.errors"}
 TOOLS = {"rl_llm.cli", "rl_llm.doctor", "rl_llm.view"}
-LAYERS = {"rl_llm.sandboxes": 1, "rl_llm.envs": 2, "rl_llm": 2, "rl_llm.agents": 3, "rl_llm.trainers": 4}
+LAYERS = {"rl_llm.sandboxes": 1, "rl_llm.envs": 2, "rl_llm": 2, "rl_llm.agents": 3, "rl_llm.trainers": 4,
+          "rl_llm.integrations": 4}  # fmt: skip
+#: The deprecated import paths of the integrations (they moved out of trainers/); the only trainer modules
+#: allowed to import ``rl_llm.integrations``.
+MOVED_ALIASES = "rl_llm.trainers.adapters"
 LAYER_NAMES = {0: "core", 1: "sandboxes", 2: "envs", 3: "agents", 4: "trainers", 5: "tools"}
 
 
@@ -138,7 +143,7 @@ def test_the_graph_sees_the_whole_package() -> None:
     assert {"rl_llm", "rl_llm.types", "rl_llm.sandboxes.base", "rl_llm.envs.base", "rl_llm.agents.llm",
             "rl_llm.trainers.runner"} <= set(known)  # fmt: skip
     edges = {(e.source, e.target): e for e in import_graph()}
-    assert edges["rl_llm.trainers.runner", "rl_llm.agents.rollout"].module_level
+    assert edges["rl_llm.trainers.async_rollouts", "rl_llm.agents.rollout"].module_level
     assert not edges["rl_llm.trainers.generation", "rl_llm.agents.hf"].module_level  # a lazy import counts
     assert ("rl_llm.trainers.sync", "rl_llm.agents.llm") not in edges  # under TYPE_CHECKING: it never runs
     for name in known:  # every module sits in a layer
@@ -153,6 +158,21 @@ def test_no_module_imports_a_higher_layer() -> None:
         if layer(edge.target) > layer(edge.source)
     ]
     assert not upward, "imports up a layer (sandboxes < envs < agents < trainers):\n" + "\n".join(upward)
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_trainer_and_the_integrations_do_not_import_each_other() -> None:
+    crossing = [
+        f"{edge.where()}: {edge.source} imports {edge.target}"
+        for edge in import_graph()
+        if not _within(edge.source, MOVED_ALIASES)
+        and any(_within(edge.source, a) and _within(edge.target, b)
+                for a, b in (("rl_llm.trainers", "rl_llm.integrations"), ("rl_llm.integrations", "rl_llm.trainers")))
+    ]  # fmt: skip
+    assert not crossing, "the trainer and the integrations are side by side:\n" + "\n".join(crossing)
 
 
 def cycles(edges: list[Import]) -> list[str]:

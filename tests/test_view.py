@@ -187,3 +187,27 @@ def test_samples_are_cut_back_on_resume_like_the_metrics(tmp_path: Path) -> None
     MetricsWriter(tmp_path, resume_step=2, tensorboard=False).close()
     kept = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in kept] == [1, 1, 2, 2]
+
+
+def test_summary_table_names_the_policies_as_the_trainer_does() -> None:
+    # A warm-started run: `before` is the policy after SFT (the CLI's "after SFT" row), `untrained` the one
+    # before it; without a warm start `before` is the untrained policy.
+    from rl_llm.view import summary_html
+
+    warm = {"algorithm": "grpo", "steps": 3, "untrained": {"return": -9.5}, "before": {"return": 1.25},
+            "after": {"return": 3.75}}  # fmt: skip
+    rows = re.findall(r"<tr><td>([^<]*)</td><td class=num>([^<]*)</td>", summary_html(warm))
+    assert rows == [("untrained policy", "-9.500"), ("after SFT", "1.250"), ("trained (grpo, 3 steps)", "3.750")]
+    cold = {**warm, "untrained": None}
+    rows = re.findall(r"<tr><td>([^<]*)</td><td class=num>([^<]*)</td>", summary_html(cold))
+    assert rows == [("untrained policy", "1.250"), ("trained (grpo, 3 steps)", "3.750")]
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", "not json\n[1, 2]\n"])
+def test_view_of_a_file_with_no_valid_record_fails_and_writes_no_page(content: str, tmp_path: Path) -> None:
+    path = tmp_path / "broken.jsonl"
+    path.write_text(content)
+    result = rl_llm("view", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{path} holds no valid record" in result.stdout and "Traceback" not in result.stderr
+    assert not path.with_suffix(".html").exists() and not list(tmp_path.glob("*.html"))

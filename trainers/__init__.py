@@ -8,7 +8,7 @@
 - ``update`` (minibatch updates), ``modeling`` (log-probs, critic, LoRA), ``generation`` (which generator a
   run gets, with its weight sync), ``sync`` (weights to the generator), ``checkpoint``, ``logging``,
   ``evaluation``, ``runner`` (what a loop needs around it).
-- ``adapters``: rl-llm environments inside other trainers (TRL, verl, ...).
+- ``adapters``: moved to ``rl_llm.integrations``; the old import paths still work (with a warning).
 
 Submodules are imported on use, so ``import rl_llm.trainers`` stays light.
 """

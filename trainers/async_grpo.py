@@ -86,4 +86,5 @@ def async_metrics(ready: RolloutBatch, trajectories: list[Trajectory], stale: in
         "async/generation_s": ready.generation_s,
         "async/generator_idle_s": ready.idle_s,
         "async/generator_idle_frac": ready.idle_s / busy if busy > 0 else 0.0,
+        **ready.groups,  # dynamic sampling's groups drawn/kept/dropped (trainers/filtering.py)
     }

@@ -11,6 +11,11 @@ two turns and resumed in the next step with the newer weights; finished episodes
 for their group. A batch takes every group that has finished (at least ``prompts_per_step``). A long episode therefore no longer holds up the whole batch, and nothing is thrown away.
 Each turn keeps the policy version that produced it (``turn.info["policy_version"]``).
 
+Dynamic sampling (``rollout.filter``, trainers/filtering.py) gates each finished group here, on the generator
+side, and refills from the seed stream: a full-rollout step plays replacement rounds, a partial one opens
+replacement groups beside the paused ones and waits for as many to finish as are missing. A batch's seeds are
+every group drawn for it, kept or dropped, so the ledger below consumes dropped groups too.
+
 Which groups a batch consumes is a pure function of seeds: group ``s`` is the ``group_size`` episodes of the
 task with seed ``s``. The trainer records consumed seeds (``SeedLedger``) in its checkpoints, so a run killed
 at any point and resumed re-plays the groups that were started but not consumed (from scratch: the
@@ -29,6 +34,7 @@ from typing import Any
 import torch
 
 from rl_llm.agents.rollout import EpisodeJob, PausedEpisode, RolloutEngine
+from rl_llm.trainers.filtering import GroupCounts, fill_groups, passes, readmit
 from rl_llm.types import Trajectory
 
 
@@ -42,6 +48,7 @@ class RolloutBatch:
     generation_s: float  # generator busy time for this batch
     idle_s: float  # generator time spent waiting for new enough weights before this batch
     paused: int = 0  # episodes left paused for the next step (partial rollouts)
+    groups: dict[str, float] = field(default_factory=dict)  # drawn/kept/dropped counts (trainers/filtering.py)
 
 
 @dataclass
@@ -79,6 +86,10 @@ class BackgroundRollouts:
         self.extra_groups = int(config.rollout.partial_extra_groups) if self.partial else 0
         self.group_size = config.rollout.group_size
         self.groups_per_step = config.rollout.prompts_per_step
+        # Dynamic sampling (trainers/filtering.py): gate each finished group here, refill from the seed stream;
+        # a batch's seeds are every group drawn, so the ledger consumes dropped groups too.
+        self.filter = config.rollout.filter
+        self.min_episodes = config.optim.minibatches
         self.first_step, self.last_step = run.step + 1, config.steps
         # Groups to play, oldest first: the ones a killed run had started but not consumed, then new seeds.
         self._restart = list(run.pending_seeds)
@@ -149,19 +160,53 @@ class BackgroundRollouts:
                         return
                 idle = time.perf_counter() - waited
                 started = time.perf_counter()
-                trajectories, seeds, paused = self._play_partial() if self.partial else self._play_full()
-                self._batches.put(RolloutBatch(step, trajectories, seeds, time.perf_counter() - started, idle, paused))
+                trajectories, seeds, paused, counts = self._play_partial() if self.partial else self._play_full()
+                self._batches.put(RolloutBatch(step, trajectories, seeds, time.perf_counter() - started, idle, paused,
+                                               counts.metrics()))  # fmt: skip
         except BaseException as error:  # the trainer re-raises it from next_batch
             self._batches.put(error)
 
-    def _play_full(self) -> tuple[list[Trajectory], list[int], int]:
+    def _play_full(self) -> tuple[list[Trajectory], list[int], int, GroupCounts]:
         seeds = [self._new_seed() for _ in range(self.groups_per_step)]
-        jobs = [EpisodeJob(seed=seed, group_index=g) for seed in seeds for g in range(self.group_size)]
-        return self._engine().run(jobs), seeds, 0
+        drawn: list[int] = []
 
-    def _play_partial(self) -> tuple[list[Trajectory], list[int], int]:
+        def play(batch: list[int]) -> list[Trajectory]:
+            drawn.extend(batch)
+            jobs = [EpisodeJob(seed=seed, group_index=g) for seed in batch for g in range(self.group_size)]
+            return self._engine().run(jobs)
+
+        if not self.filter.enabled:
+            return play(seeds), seeds, 0, GroupCounts(len(seeds), len(seeds), rounds=1)
+        trajectories, counts = fill_groups(play, lambda n: [self._new_seed() for _ in range(n)], seeds,
+                                           self.groups_per_step, self.filter, self.min_episodes)  # fmt: skip
+        return trajectories, drawn, 0, counts
+
+    def _play_partial(self) -> tuple[list[Trajectory], list[int], int, GroupCounts]:
         while len(self._open) < self.groups_per_step + self.extra_groups:
             self._open[self._new_seed()] = [None] * self.group_size
+        counts, kept, dropped, extra, need = GroupCounts(), [], [], 0, self.groups_per_step
+        while True:  # one round without a filter; with one, refill rounds until enough groups pass (or the bound)
+            counts.rounds += 1
+            for seed, group in self._partial_round(need):
+                counts.drawn += 1
+                (kept if passes(group, self.filter) else dropped).append((seed, group))
+            missing, room = self.groups_per_step - len(kept), self.filter.max_extra_groups - extra
+            if not self.filter.enabled or missing <= 0 or room <= 0:
+                break
+            for _ in range(min(missing, room)):  # replacement groups, on top of those still open
+                self._open[self._new_seed()] = [None] * self.group_size
+                extra += 1
+            need = missing
+        counts.kept, counts.dropped = len(kept), len(dropped)
+        chosen = kept + [(group[0].seed, group) for group in
+                         readmit([g for _, g in kept], [g for _, g in dropped], self.min_episodes)]  # fmt: skip
+        counts.readmitted = len(chosen) - len(kept)
+        trajectories = [member for _, group in chosen for member in group]
+        paused = sum(isinstance(m, PausedEpisode) for members in self._open.values() for m in members)
+        return trajectories, [seed for seed, _ in kept + dropped], paused, counts
+
+    def _partial_round(self, need: int) -> list[tuple[int, list[Trajectory]]]:
+        """Play the open groups until ``need`` of them have finished (the rest pause); take every finished one."""
         jobs, slots = [], []
         for seed, members in self._open.items():
             for g, member in enumerate(members):
@@ -177,7 +222,7 @@ class BackgroundRollouts:
                 all(isinstance(m, Trajectory) or (seed, g) in done for g, m in enumerate(members))
                 for seed, members in self._open.items()
             )  # fmt: skip
-            return complete >= self.groups_per_step
+            return complete >= need
 
         results = self._engine().run(jobs, until=enough_groups_done)
         for (seed, g), result in zip(slots, results, strict=True):
@@ -185,9 +230,7 @@ class BackgroundRollouts:
         # Every finished group goes into this batch (at least prompts_per_step of them): a finished group kept
         # for later would only grow staler, while paused episodes go on with the newer weights.
         taken = [seed for seed, members in self._open.items() if all(isinstance(m, Trajectory) for m in members)]
-        trajectories = [member for seed in taken for member in self._open.pop(seed)]
-        paused = sum(isinstance(m, PausedEpisode) for members in self._open.values() for m in members)
-        return trajectories, taken, paused
+        return [(seed, self._open.pop(seed)) for seed in taken]
 
 
 def split_cores(generator: Any) -> Callable[[], None] | None:

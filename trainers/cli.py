@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from rl_llm.console import make_console
+from rl_llm.errors import RLLMError
 from rl_llm.trainers.config import ConfigError, TrainConfig, load_config
 from rl_llm.trainers.default_job import DEFAULT_JOB, describe_default_job
 
@@ -47,7 +48,7 @@ def train_main(config_path: str | None, overrides: list[str], out: str | None = 
     console.print(f"run directory: {run_dir}", highlight=False)
     try:
         summary = run_training(config, run_dir)
-    except (ConfigError, FileNotFoundError, ImportError) as error:  # e.g. a GPU this machine lacks, no model, no vLLM
+    except (RLLMError, FileNotFoundError, ImportError) as error:  # e.g. a GPU this machine lacks, no model, no vLLM
         console.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
         return 2
     console.print(

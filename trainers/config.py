@@ -17,10 +17,16 @@ from typing import Any
 
 import yaml
 
-ALGORITHMS = ("grpo", "drgrpo", "rloo", "reinforce", "ppo")
+from rl_llm.errors import RLLMError
+from rl_llm.trainers.curriculum import CurriculumConfig
+from rl_llm.trainers.filtering import FilterConfig
+from rl_llm.trainers.trackers import report_to_problem
+from rl_llm.trainers.turn_credit import AdvantageConfig
+
+ALGORITHMS = ("grpo", "drgrpo", "rloo", "reinforce", "ppo", "gigpo")
 
 
-class ConfigError(ValueError):
+class ConfigError(RLLMError, ValueError):
     """A configuration key or value that cannot be used, with the offending key's full path."""
 
 
@@ -99,6 +105,8 @@ class RolloutConfig:
     partial_rollouts: bool = False
     partial_extra_groups: int = 2
     vllm: VllmConfig = field(default_factory=VllmConfig)
+    # Dynamic sampling: drop groups without signal, replace them (trainers/filtering.py, docs/training.md).
+    filter: FilterConfig = field(default_factory=FilterConfig)
 
 
 @dataclass
@@ -168,7 +176,12 @@ class EvalConfig:
 class LogConfig:
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
-    tensorboard: bool = True
+    tensorboard: bool = True  # false: no TensorBoard events, whatever report_to says
+    # Where scalars, the config, sampled episodes and the summary go besides metrics.jsonl: any of tensorboard,
+    # wandb, trackio, mlflow (each an extra, imported only when named; docs/trackers.md).
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    project: str | None = None  # W&B / trackio project, MLflow experiment; null: the tool's env variable, else rl-llm
+    run_name: str | None = None  # the tracker run's name; null: the run directory's name
     progress: bool = True  # rich live display (off when stdout is not a terminal)
     samples: int = 2  # episodes per step kept in samples.jsonl (best and worst return) for `rl-llm view`
     plot: bool = True
@@ -185,6 +198,43 @@ class SFTConfig:
     baseline: str = "minimax"
     seed: int = 1_000_000
     held_out_episodes: int = 64  # more expert episodes, not trained on: the NLL before/after in warm_start.json
+    # Or warm-start from a file instead of playing `baseline`: an sft-jsonl file (`rl-llm export --format
+    # sft-jsonl`, docs/export.md#warm-starting-the-trainer-from-a-file). Its last `held_out_episodes` episodes
+    # are held out; `episodes` caps the rest (0: all of them).
+    data: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.episodes > 0 or bool(self.data)
+
+
+@dataclass
+class SocialConfig:
+    """Two-player games only (``env.id: social/<game>``; docs/multi-agent.md). None: the game's preset
+    (``rl_llm.trainers.social.GAME_PRESETS``, the paper's values)."""
+
+    # Who plays the learner's opponent, drawn per seed group by weight: "self_play" (both seats are the current
+    # policy, both trained on) or a baseline of the game (tit_for_tat, always_defect, minimax, ...).
+    opponents: dict[str, float] = field(default_factory=lambda: {"self_play": 1.0})
+    learner_seat: str = "alternate"  # against a baseline: alternate (by seed) | player_0 | player_1
+    # round: per-round discounted returns with a per-round leave-one-out baseline over the seed group (the
+    # paper's credit; algorithm rloo, or reinforce for no baseline) | outcome: the algorithm's estimator on
+    # whole-game returns.
+    credit: str = "round"
+    gamma: float | None = None  # discount of the per-round returns
+    reward_scale: float | None = None  # rewards are divided by this normalising constant
+    advantage_alignment: bool = False  # A* = A1 + beta * (sum_{k<t} gamma_aa^(t-k) A1_k) * A2
+    beta: float | None = None
+    gamma_aa: float | None = None
+    role_baseline: bool | None = None  # baseline per seat (zero-sum self-play: the seats' advantages do not cancel)
+    # Subtracted from the advantage of an invalid turn's tokens (round credit). The paper constrains decoding to
+    # legal moves; without that, an invalid move played as the default (defect) shares defection's credit.
+    invalid_penalty: float = 0.0
+    league_size: int = 0  # past checkpoints as opponents: not implemented yet (refused when > 0)
+    per_seat_policies: bool = False  # a separate policy per seat: not implemented yet (refused)
+    # The baseline whose return against the trained policy is its exploitability; None: the game's greedy one
+    # (always_defect in the matrix games, greedy in the Split games, minimax in TicTacToe).
+    exploiter: str | None = None
 
 
 @dataclass
@@ -203,8 +253,19 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    social: SocialConfig = field(default_factory=SocialConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)  # trainers/curriculum.py
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)  # per-turn credit: trainers/turn_credit.py
+
+    @property
+    def game(self) -> str | None:
+        """The two-player game this config trains on (``env.id: social/<game>``), else None."""
+        return self.env.id.removeprefix("social/") if self.env.id.startswith("social/") else None
 
     def validate(self) -> TrainConfig:
+        from rl_llm.trainers.social import check_env_config  # lazy: it imports this module
+
+        check_env_config(self)  # env.id known; single-agent-only and game-only options where they belong
         if self.loss.aggregation is None:
             self.loss.aggregation = "seq_sum_constant" if self.algorithm == "drgrpo" else "seq_mean_token_mean"
         choices = {
@@ -254,11 +315,22 @@ class TrainConfig:
             logging.getLogger(__name__).warning(
                 "loss.clip_high=%s is inert: with one optimizer step per batch the PPO ratio is 1 (set "
                 "optim.minibatches or optim.epochs above 1 for clip-higher to act)", self.loss.clip_high)
+        if (problem := report_to_problem(self.log.report_to)) is not None:
+            raise ConfigError(problem)  # e.g. "wandb is not installed; pip install 'rl-llm[wandb]'"
         if self.sft.episodes < 0 or self.sft.held_out_episodes < 0:
             raise ConfigError("sft.episodes and sft.held_out_episodes must be >= 0 (0 episodes: no warm start)")
-        if self.sft.episodes and (self.sft.epochs < 1 or self.sft.batch_size < 1 or self.sft.lr <= 0):
+        if self.sft.data is not None and not Path(self.sft.data).is_file():
+            raise ConfigError(f"sft.data: no such file {self.sft.data!r} (write one with rl-llm export --format sft-jsonl)")
+        if self.sft.enabled and (self.sft.epochs < 1 or self.sft.batch_size < 1 or self.sft.lr <= 0):
             raise ConfigError("sft.epochs and sft.batch_size must be >= 1 and sft.lr positive")
-        if self.algorithm in ("grpo", "drgrpo", "rloo") and self.rollout.group_size < 2:
+        from rl_llm.trainers.curriculum import check_curriculum_config
+        from rl_llm.trainers.filtering import check_filter_config
+        from rl_llm.trainers.turn_credit import check_advantage_config
+
+        check_filter_config(self)
+        check_curriculum_config(self)
+        check_advantage_config(self)
+        if self.algorithm in ("grpo", "drgrpo", "rloo", "gigpo") and self.rollout.group_size < 2:
             raise ConfigError(f"{self.algorithm} needs rollout.group_size >= 2 (a group baseline)")
         return self
 

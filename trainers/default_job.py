@@ -82,7 +82,8 @@ def describe_default_job(config: TrainConfig) -> str:
     kwargs = ", ".join(f"{k}={v}" for k, v in config.env.kwargs.items())
     return (
         f"Default job: {config.algorithm} on {config.env.id} ({kwargs}) with the tiny local model, "
-        + (f"warm-started on {config.sft.episodes} episodes of the {config.sft.baseline} baseline, then "
+        + (f"warm-started on the episodes of {config.sft.data}, then " if config.sft.data else
+           f"warm-started on {config.sft.episodes} episodes of the {config.sft.baseline} baseline, then "
            if config.sft.episodes else "")
         + f"{config.steps} steps of {config.rollout.prompts_per_step}x{config.rollout.group_size} episodes. "
         f"The model writes the tag content only (action template {config.env.action_template!r})."

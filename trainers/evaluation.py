@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
 from rich.console import Console
@@ -16,6 +16,10 @@ from rl_llm.agents.baselines import baselines_for, make_baseline
 from rl_llm.agents.evaluate import evaluate, mean_ci95, summary_table
 from rl_llm.agents.rollout import collect
 from rl_llm.trainers.checkpoint import write_text_atomic
+
+if TYPE_CHECKING:
+    from rl_llm.agents.llm import LLMPolicy
+    from rl_llm.trainers.config import TrainConfig
 
 # Env metrics worth a column in the before/after table, when present.
 TABLE_METRICS = ("regret", "invalid_actions", "win", "draw", "loss", "illegal_moves", "exec_match")
@@ -53,7 +57,7 @@ def _result(seeds: Sequence[int], returns: Sequence[float], metrics: Sequence[di
     return EvalResult(seeds=list(seeds), values=values)
 
 
-def evaluate_llm(make_env: Callable[[], gym.Env], policy: Any, seeds: Sequence[int], temperature: float,
+def evaluate_llm(make_env: Callable[[], gym.Env], policy: LLMPolicy, seeds: Sequence[int], temperature: float,
                  max_new_tokens: int, concurrency: int) -> EvalResult:
     """One episode per seed with ``policy`` sampling at ``temperature`` (0 = greedy); weights untouched."""
     training_sampling = policy.sampling
@@ -65,7 +69,7 @@ def evaluate_llm(make_env: Callable[[], gym.Env], policy: Any, seeds: Sequence[i
     return _result(seeds, [t.total_reward for t in trajectories], [t.metrics for t in trajectories])
 
 
-def evaluate_baselines(config: Any, names: Sequence[str]) -> dict[str, EvalResult]:
+def evaluate_baselines(config: TrainConfig, names: Sequence[str]) -> dict[str, EvalResult]:
     """The env's named baselines (those defined for it) on the held-out seeds, on the raw env."""
     env_id, episodes, seed = config.env.id, config.eval.episodes, config.eval.seed
     available = baselines_for(env_id)
@@ -80,8 +84,10 @@ def evaluate_baselines(config: Any, names: Sequence[str]) -> dict[str, EvalResul
     return results
 
 
-def print_comparison(title: str, rows: dict[str, EvalResult], console: Console | None = None) -> None:
-    """Mean ± 95% half-width of the return and the main env metrics, one row per agent."""
-    columns = ["return"] + [m for m in TABLE_METRICS if all(m in r.values for r in rows.values())]
+def print_comparison(title: str, rows: dict[str, EvalResult], console: Console | None = None,
+                     columns: Sequence[str] | None = None) -> None:
+    """Mean ± 95% half-width of the return and the main env metrics (or ``columns``), one row per agent."""
+    if columns is None:
+        columns = ["return"] + [m for m in TABLE_METRICS if all(m in r.values for r in rows.values())]
     summaries = {agent: {column: result.ci95(column) for column in columns} for agent, result in rows.items()}
     (console or Console()).print(summary_table(title, summaries, columns))

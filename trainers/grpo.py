@@ -51,8 +51,18 @@ def score_and_update(run: TrainingRun, trajectories: list[Trajectory], timer: St
     # 2. Score: returns, reward transforms, down-sampling; pad into tensors.
     with timer("score"):
         batch = run.score(trajectories)
-        # 3. Advantages: group-relative, the same on every policy token of an episode.
-        advantages = broadcast(outcome_advantages(config.algorithm, batch.scores, batch.group_ids), batch.policy_mask)
+        # 3. Advantages: group-relative, the same on every policy token of an episode; in a two-player game the
+        # per-round credit of trainers/social.py (per-round RLOO over the seed group, Advantage Alignment).
+        if run.matches is not None:
+            from rl_llm.trainers.social import game_advantages
+
+            advantages = game_advantages(run.scored, run.matches, config, batch.policy_mask, batch.scores)
+        elif config.algorithm == "gigpo" or config.advantage.turn_level:  # per-turn credit (trainers/turn_credit.py)
+            from rl_llm.trainers.turn_credit import turn_advantages
+
+            advantages = turn_advantages(config, run.scored, batch)
+        else:
+            advantages = broadcast(outcome_advantages(config.algorithm, batch.scores, batch.group_ids), batch.policy_mask)
     # 4. Update: PPO-clip minibatch steps with gradient accumulation (+ optional k3 KL, TIS weights).
     with timer("update"):
         stats = policy_update(run.model, run.optimizer, batch, advantages, config, run.shuffle,

@@ -1,4 +1,5 @@
-"""Training metrics: JSONL (one line per step, the source of truth), TensorBoard, PNG curves, live progress.
+"""Training metrics: JSONL (one line per step, the source of truth), TensorBoard, PNG curves, live progress, and
+the experiment trackers of ``log.report_to`` (``trackers.py``: W&B, trackio, MLflow).
 
 Resume keeps the logs exact: on start the JSONL is cut back to the steps covered by the checkpoint being
 resumed (steps logged after it are re-run, and a line half-written when the process was killed is dropped),
@@ -28,6 +29,7 @@ from rich.progress import (
 
 from rl_llm.console import make_console
 from rl_llm.trainers.checkpoint import write_text_atomic
+from rl_llm.trainers.trackers import SUMMARY_SCALARS, Table, Trackers, episode_table, scalars
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"  # a few whole episodes per step, for `rl-llm view`
@@ -63,7 +65,11 @@ def _wait_for_a_later_event_file_name(directory: Path) -> None:
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: str | Path, resume_step: int = 0, tensorboard: bool = True) -> None:
+    """Writes each step's record to every sink: metrics.jsonl, samples.jsonl, TensorBoard (scalars; the config,
+    sampled episodes and summary in its text tab) and the ``trackers`` (docs/trackers.md#what-each-tracker-receives)."""
+
+    def __init__(self, run_dir: str | Path, resume_step: int = 0, tensorboard: bool = True,
+                 trackers: Trackers | None = None, config_text: str = "") -> None:  # fmt: skip
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
@@ -82,6 +88,9 @@ class MetricsWriter:
             directory = self.run_dir / "tensorboard"
             _wait_for_a_later_event_file_name(directory)
             self.tensorboard = SummaryWriter(str(directory), purge_step=resume_step + 1)
+            if config_text and resume_step == 0:  # indented: shown verbatim by the text tab's Markdown
+                self.tensorboard.add_text("config", "    " + config_text.replace("\n", "\n    "), 0)
+        self.trackers = trackers
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **metrics}
@@ -93,6 +102,8 @@ class MetricsWriter:
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                     self.tensorboard.add_scalar(name, value, step)
             self.tensorboard.flush()
+        if self.trackers:
+            self.trackers.log_metrics(step, metrics)
 
     def log_samples(self, step: int, trajectories: Sequence[Any], count: int) -> None:
         """Append ``count`` of the step's episodes to samples.jsonl: the best and the worst return first, so
@@ -106,11 +117,33 @@ class MetricsWriter:
             for key in picked:
                 record = json.loads(by_id[key].to_json())
                 handle.write(json.dumps({"step": step, **record}, ensure_ascii=False) + "\n")
+        episodes = [by_id[key] for key in picked]
+        if self.tensorboard is not None:
+            table = episode_table(step, episodes)
+            text = [row[table.columns.index("conversation")] for row in table.rows]
+            conversations = "\n\n".join("    " + t.replace("\n", "\n    ") for t in text)  # verbatim blocks
+            self.tensorboard.add_text("episodes", table.markdown(skip=("conversation",)) + "\n\n" + conversations,
+                                      step)  # fmt: skip
+            self.tensorboard.flush()
+        if self.trackers:
+            self.trackers.log_episodes(step, episodes)
+
+    def log_summary(self, step: int, summary: dict[str, Any], table: Table) -> None:
+        """The end of the run: summary.json's headline figures and the before/after/baselines table."""
+        if self.tensorboard is not None:
+            for name, value in scalars({k: summary.get(k) for k in SUMMARY_SCALARS}).items():
+                self.tensorboard.add_scalar(f"summary/{name}", value, step)
+            self.tensorboard.add_text("summary/comparison", table.markdown(), step)
+            self.tensorboard.flush()
+        if self.trackers:
+            self.trackers.log_summary(step, summary, table)
 
     def close(self) -> None:
         self.handle.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
+        if self.trackers is not None:
+            self.trackers.close()
 
 
 def plot_curves(records: Sequence[dict[str, Any]], path: str | Path, keys: Iterable[str] = CURVE_KEYS,

@@ -16,6 +16,7 @@ from typing import Any
 from rl_llm.trainers.advantages import decoupled_gae, masked_whiten
 from rl_llm.trainers.config import TrainConfig
 from rl_llm.trainers.runner import StepTimer, TrainingRun
+from rl_llm.trainers.turn_credit import turn_decoupled_gae
 from rl_llm.trainers.update import batched_values, critic_update, policy_update
 
 
@@ -39,9 +40,13 @@ def train_ppo(config: TrainConfig, run_dir: str | Path) -> dict[str, Any]:
                     # 3. Values and GAE over policy tokens (actor lambda for advantages, critic lambda for targets).
                     with run.critic_precision.autocast():
                         values = batched_values(run.critic, batch, config.optim.micro_batch_size)
-                    advantages, returns = decoupled_gae(
-                        batch.token_rewards, values, batch.policy_mask, ppo.gamma, ppo.lam_actor, ppo.lam_critic
-                    )
+                    if config.advantage.turn_level:  # discount per turn, not per token (trainers/turn_credit.py)
+                        advantages, returns = turn_decoupled_gae(run.scored, batch, values, config.advantage.gamma,
+                                                                 ppo.lam_actor, ppo.lam_critic)  # fmt: skip
+                    else:
+                        advantages, returns = decoupled_gae(
+                            batch.token_rewards, values, batch.policy_mask, ppo.gamma, ppo.lam_actor, ppo.lam_critic
+                        )
                     if ppo.whiten_advantages:
                         advantages = masked_whiten(advantages, batch.policy_mask)
                 # 4. Update the critic, then (after the value warm-up) the policy.

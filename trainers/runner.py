@@ -25,12 +25,14 @@ import torch
 import yaml
 
 import rl_llm  # noqa: F401  (registers the environments)
-from rl_llm.agents.rollout import collect
-from rl_llm.envs.wrappers.attempts import reported_correct
+from rl_llm.envs.base import reported_correct
+from rl_llm.envs.wrappers.action_template import ActionTemplate
 from rl_llm.trainers.batch import TrainBatch, collate
 from rl_llm.trainers.checkpoint import Checkpointer, restore_rng_state, rng_state, write_text_atomic
 from rl_llm.trainers.config import TrainConfig, config_to_dict
+from rl_llm.trainers.curriculum import TaskSampler, train_env_factory
 from rl_llm.trainers.evaluation import EvalResult, evaluate_baselines, evaluate_llm, print_comparison
+from rl_llm.trainers.filtering import collect_step
 from rl_llm.trainers.generation import build_generation
 from rl_llm.trainers.logging import MetricsWriter, ProgressDisplay, plot_comparison, plot_curves, read_metrics
 from rl_llm.trainers.modeling import (
@@ -46,22 +48,8 @@ from rl_llm.trainers.modeling import (
 )
 from rl_llm.trainers.precision import Precision
 from rl_llm.trainers.rewards import OTCTransform, pods_select
+from rl_llm.trainers.trackers import Trackers, comparison_table
 from rl_llm.types import Trajectory
-
-
-class ActionTemplate(gym.ActionWrapper):
-    """Wrap each generated turn in a fixed text before the env parses it, e.g. ``<action>{}</action>``.
-
-    The generator then only writes what goes inside (used by the default job, where a randomly initialised
-    model could never produce the tags by chance; see ``default_job.py``).
-    """
-
-    def __init__(self, env: gym.Env, template: str) -> None:
-        super().__init__(env)
-        self.template = template
-
-    def action(self, action: str) -> str:
-        return self.template.replace("{}", action, 1)
 
 
 def env_factory(config: TrainConfig) -> Callable[[], gym.Env]:
@@ -133,10 +121,22 @@ class TrainingRun:
         self.next_seed = config.env.train_seed
         self.pending_seeds: list[int] = []  # asynchronous runs: groups started below next_seed, not yet trained on
         self.dropped = 0
+        # Two-player games (trainers/social.py): who plays the learner's opponent, and the last step's matches.
+        self.opponents = None
+        self.matches: list[Any] | None = None
+        self.scored: list[Trajectory] = []  # the batch's rows, in order (score)
+        if config.game is not None:
+            from rl_llm.trainers.social import Opponents
+
+            self.opponents = Opponents(config)
+        # The task sampler (curriculum) and the step's group counts (dynamic sampling): docs/training.md.
+        self.tasks = TaskSampler(config, lambda: len(env_factory(config)().unwrapped.tasks))
+        self.sampling_metrics: dict[str, float] = {}
         if resume is not None:
             self._restore(resume)
-        self.make_env = env_factory(config)
-        if resume is None and config.sft.episodes > 0:  # warm start: SFT on expert episodes (trainers/sft.py)
+        self.make_env = env_factory(config)  # evaluation's env; training's may set a curriculum level
+        self.train_env = train_env_factory(config, self.make_env)
+        if resume is None and config.sft.enabled:  # warm start: SFT on expert episodes (trainers/sft.py)
             from rl_llm.trainers.sft import warm_start
 
             warm_start(self)
@@ -148,12 +148,21 @@ class TrainingRun:
                                            self.run_dir, self.precision)  # fmt: skip
         self.generator, self.sync = self.generation.policy, self.generation.sync
         try:  # the generator may be a server process: stop it if the run cannot start
-            if self.step > 0 or config.sft.episodes > 0:  # resumed or warm-started weights, not model.path's
+            if self.step > 0 or config.sft.enabled:  # resumed or warm-started weights, not model.path's
                 self.generation.catch_up(self.model, self._resumed_version if self.step > 0 else None)
         except BaseException:
             self.generation.close()
             raise
-        self.metrics = MetricsWriter(self.run_dir, resume_step=self.step, tensorboard=config.log.tensorboard)
+        try:  # the trackers of log.report_to (trainers/trackers.py): a failed start stops the generator too
+            log = config.log
+            trackers = Trackers(log.report_to, self.run_dir, config_to_dict(config), resumed=self.step > 0,
+                                project=log.project, run_name=log.run_name)  # fmt: skip
+        except BaseException:
+            self.generation.close()
+            raise
+        self.metrics = MetricsWriter(self.run_dir, resume_step=self.step, trackers=trackers,
+                                     tensorboard=log.tensorboard and "tensorboard" in log.report_to,
+                                     config_text=yaml.safe_dump(config_to_dict(config), sort_keys=False))  # fmt: skip
         self.resumed_from = self.step
 
     # -- construction -------------------------------------------------------------------------------------
@@ -194,8 +203,14 @@ class TrainingRun:
         seeds = list(range(self.next_seed, self.next_seed + rollout.prompts_per_step))
         self.next_seed += rollout.prompts_per_step
         self.sync.before_rollout()
-        trajectories = collect(self.make_env, self.generator, seeds, rollout.group_size,
-                               max_new_tokens=rollout.max_new_tokens, concurrency=rollout.concurrency)  # fmt: skip
+        if self.opponents is not None:  # a two-player game: matches, the learner's seats are trained on
+            from rl_llm.trainers.social import play_games
+
+            self.matches = play_games(self.config, self.generator, seeds, rollout.group_size, self.opponents.plan,
+                                      rollout.max_new_tokens, rollout.concurrency)  # fmt: skip
+            trajectories = [match.seats[s] for match in self.matches for s in match.learner]
+        else:  # curriculum options per seed, dynamic sampling's refills (trainers/filtering.py)
+            trajectories, self.sampling_metrics = collect_step(self, seeds)
         self.sync.before_update()
         release_cached_memory(self.device)  # generation's KV caches: free for the update (and a colocated engine)
         return trajectories
@@ -217,6 +232,7 @@ class TrainingRun:
         if self.config.rollout.pods_keep is not None:
             keep = pods_select(scores, task_ids, self.config.rollout.pods_keep)
             usable, scores = [usable[i] for i in keep], [scores[i] for i in keep]
+        self.scored = usable
         return collate(usable, self.tokenizer.pad_token_id, scores).to(self.device)
 
     @property
@@ -237,6 +253,7 @@ class TrainingRun:
         metrics = rollout_metrics(trajectories, batch)
         metrics.update({f"loss/{name}": value for name, value in stats.items()})
         metrics["episode/dropped"] = float(self.dropped)
+        metrics.update(self.sampling_metrics)  # groups drawn/kept/dropped, curriculum mix (set by collect)
         metrics.update(timer.metrics())
         if self.device.type == "cuda":  # since the step began (StepTimer), before any evaluation below
             metrics["memory/peak_gpu_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
@@ -244,12 +261,22 @@ class TrainingRun:
         metrics["throughput/policy_tokens_per_s"] = metrics["episode/policy_tokens_total"] / rollout_s if rollout_s else 0.0
         metrics["policy_version"] = self.policy_version
         metrics.update(extra or {})
+        if self.matches is not None:
+            from rl_llm.trainers.social import step_metrics
+
+            metrics.update(step_metrics(self.matches))
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         every = self.config.eval.every
         if every and step % every == 0 and step < self.config.steps:
             metrics.update({f"eval/{k}": v for k, v in self.evaluate().means().items()})
         self.metrics.log(step, metrics)
-        self.metrics.log_samples(step, trajectories, self.config.log.samples)
+        if self.matches is not None:  # both seats of the best and the worst matches (rl-llm view pairs them)
+            from rl_llm.trainers.social import sample_matches
+
+            picked = sample_matches(self.matches, self.config.log.samples)
+            self.metrics.log_samples(step, picked, len(picked))
+        else:
+            self.metrics.log_samples(step, trajectories, self.config.log.samples)
         progress.update(step, metrics)
         if step % self.config.log.checkpoint_every == 0 or step == self.config.steps:
             self.save_checkpoint()
@@ -273,6 +300,7 @@ class TrainingRun:
             "pending_seeds": list(self.pending_seeds),
             "policy_version": self.policy_version,
             "otc_history": self.otc.state_dict() if self.otc else {},
+            "curriculum": self.tasks.state_dict(),
         }
         return self.checkpointer.save(self.step, tensors, state)
 
@@ -299,12 +327,17 @@ class TrainingRun:
         self._resumed_version = int(state["policy_version"])
         if self.otc is not None:
             self.otc.load_state_dict(state.get("otc_history", {}))
+        self.tasks.load_state_dict(state.get("curriculum", {}))
 
     # -- evaluation and the end of a run ------------------------------------------------------------------
     def evaluate(self) -> EvalResult:
         config = self.config
         seeds = list(range(config.eval.seed, config.eval.seed + config.eval.episodes))
         self.sync.before_rollout()
+        if config.game is not None:
+            from rl_llm.trainers.social import evaluate_game
+
+            return evaluate_game(config, self.generator, config.rollout.max_new_tokens, config.rollout.concurrency)
         return evaluate_llm(self.make_env, self.generator, seeds, config.eval.temperature,
                             config.rollout.max_new_tokens, config.rollout.concurrency)  # fmt: skip
 
@@ -327,14 +360,21 @@ class TrainingRun:
         config = self.config
         after = self.evaluate()
         after.save(self.run_dir / "eval_after.json")  # per-seed figures, for paired before/after comparisons
-        baselines = evaluate_baselines(config, config.eval.baselines)
+        # A game's baselines are the opponents of the evaluation itself (return/<baseline> columns).
+        baselines = {} if config.game is not None else evaluate_baselines(config, config.eval.baselines)
         from rl_llm.trainers.sft import untrained_result
 
         untrained = untrained_result(self.run_dir)  # a warm-started run: `before` is the policy after SFT
         rows = {"untrained policy": before} if untrained is None else {"untrained policy": untrained, "after SFT": before}
         rows[f"trained ({config.algorithm}, {self.step} steps)"] = after
         rows.update(baselines)
-        print_comparison(f"{config.env.id}: {config.eval.episodes} held-out seeds from {config.eval.seed}", rows)
+        columns = None
+        if config.game is not None:
+            from rl_llm.trainers.social import comparison_columns
+
+            columns = comparison_columns(config, rows)
+        print_comparison(f"{config.env.id}: {config.eval.episodes} held-out seeds from {config.eval.seed}", rows,
+                         columns=columns)  # fmt: skip
         records = read_metrics(self.metrics.path)
         if config.log.plot:
             plot_curves(records, self.run_dir / "curves.png", title=f"{config.algorithm} on {config.env.id}")
@@ -358,9 +398,16 @@ class TrainingRun:
             "run_dir": str(self.run_dir),
             "config": asdict(config),
         }
+        if config.game is not None:  # the tournament against the game's baselines, before and after
+            from rl_llm.trainers.social import exploiter
+
+            summary["game"] = {"exploiter": exploiter(config),
+                               "exploitability_before": before.mean("exploitability"),
+                               "exploitability_after": after.mean("exploitability")}  # fmt: skip
         if "regret" in after.values:
             summary["regret_before"], summary["regret_after"] = before.mean("regret"), after.mean("regret")
         write_text_atomic(self.run_dir / "summary.json", _json(summary))
+        self.metrics.log_summary(self.step, summary, comparison_table(rows, columns))
         self.export_model()
         return summary
 
@@ -368,8 +415,16 @@ class TrainingRun:
         """The trained policy as a Hugging Face directory (LoRA merged) next to the logs."""
         target = self.run_dir / "model"
         model = self.model.merge_and_unload() if is_peft(self.model) else self.model
-        model.save_pretrained(target)
-        self.tokenizer.save_pretrained(target)
+        from transformers.utils import logging as hf_logging
+
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # "Writing model shards": a redrawn bar after the run's last lines
+        try:
+            model.save_pretrained(target)
+            self.tokenizer.save_pretrained(target)
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
         return target
 
     def close(self) -> None:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from rl_llm.errors import RLLMError
 from rl_llm.trainers.sync import WeightSync, merged_weights
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ _STORE_PREFIX = "rl_llm_weight_sync"
 logger = logging.getLogger(__name__)
 
 
-class WeightSyncError(RuntimeError):
+class WeightSyncError(RLLMError, RuntimeError):
     """A weight transfer to the generator failed; its weights are not the trainer's."""
 
 

@@ -9,7 +9,10 @@ learns exactly the tokens it will later sample, in the context it will sample th
 With ``env.action_template`` set (e.g. ``<move>{}</move>``) the expert's answer is stripped to what goes
 inside the template, as the RL generator writes only that.
 
-Used by the trainer as a warm-start stage (``sft.episodes > 0`` in the config; ``TrainingRun`` calls
+The expert data can also come from a file (``sft.data``: an sft-jsonl file written by ``rl-llm export``, e.g.
+the best episodes of an earlier run; ``file_trajectories`` tokenises its messages the same way).
+
+Used by the trainer as a warm-start stage (``sft.episodes > 0`` or ``sft.data`` in the config; ``TrainingRun`` calls
 ``warm_start`` once, on a fresh run, before GRPO). It records, in ``run_dir/warm_start.json``:
 the untrained policy's held-out evaluation (before SFT), the expert NLL per policy token before and after SFT
 on held-out expert episodes, and the SFT loss curve. The trainer's own "before" evaluation is then the
@@ -25,6 +28,7 @@ from __future__ import annotations
 import copy
 import json
 import time
+import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +90,8 @@ class _SeededTurns(EpisodeAgent):
         player.begin(self.episode)
         if hasattr(player, "rng"):
             turn = sum(message.role == "assistant" for message in conversation)
-            player.rng = np.random.default_rng([int(self.episode.seed), turn])
+            seat = [zlib.crc32(self.episode.seat.encode())] if self.episode.seat else []  # game seats: own draws
+            player.rng = np.random.default_rng([int(self.episode.seed), turn, *seat])
         return self.expert.answer(player.respond(list(conversation)))
 
 
@@ -107,14 +112,84 @@ def expert_trajectories(
     seeds: Sequence[int],
     action_template: str | None,
     concurrency: int = 64,
+    env_kwargs: dict[str, Any] | None = None,
 ) -> list[Trajectory]:
     """One expert episode per seed, played by the rollout engine and recorded token-in, token-out with
-    ``tokenizer`` like an RL rollout (each answer's tokens as POLICY tokens, log-prob 0)."""
-    expert = Expert(make_baseline(baseline, env_id, seed=seeds[0] if seeds else 0), action_template)
-    trajectories = collect(make_env, expert, list(seeds), 1, concurrency=concurrency, tokenizer=tokenizer)
+    ``tokenizer`` like an RL rollout (each answer's tokens as POLICY tokens, log-prob 0). In a two-player
+    game (``social/<game>``) the expert plays both seats of one match per seed: two trajectories per seed."""
+    if env_id.startswith("social/"):
+        from rl_llm.agents.rollout import collect_games
+
+        game = env_id.removeprefix("social/")
+        expert = Expert(make_baseline(baseline, game, seed=seeds[0] if seeds else 0), action_template)
+        matches = collect_games(env_id, expert, list(seeds), 1, env_kwargs=env_kwargs, concurrency=concurrency,
+                                tokenizer=tokenizer, action_template=action_template)  # fmt: skip
+        trajectories = [trajectory for match in matches for trajectory in match]
+    else:
+        expert = Expert(make_baseline(baseline, env_id, seed=seeds[0] if seeds else 0), action_template)
+        trajectories = collect(make_env, expert, list(seeds), 1, concurrency=concurrency, tokenizer=tokenizer)
     failed = [t.error for t in trajectories if t.error is not None]
     if failed:
         raise RuntimeError(f"{len(failed)} expert episodes failed, e.g. {failed[0]}")
+    return trajectories
+
+
+def file_trajectories(path: Any, tokenizer: Any, action_template: str | None = None) -> list[Trajectory]:
+    """The episodes of an sft-jsonl file (``rl-llm export --format sft-jsonl``; docs/export.md) tokenised with
+    ``tokenizer`` exactly as the rollout engine records an expert's episode: the messages before the first
+    assistant message as PROMPT tokens, each assistant message's content as its tokens (POLICY when the
+    message's ``train`` flag is true or absent, ENV otherwise: context the loss skips), each following message
+    as the template's ENV tokens. With an ``action_template`` an answer that holds the template is cut to its
+    content, as ``Expert`` does. Episodes with nothing to train on are left out; ValueError when none is left."""
+    from rl_llm.agents.chat import ChatFormat
+    from rl_llm.export import read_sft_jsonl
+    from rl_llm.types import TokenRole, Turn
+
+    chat = ChatFormat(tokenizer)
+    template = action_template if action_template and action_template != "{}" else None
+    prefix, suffix = template.split("{}", 1) if template else ("", "")
+    trajectories = []
+    for number, row in enumerate(read_sft_jsonl(path), 1):
+        messages = [Message(m["role"], m["content"]) for m in row["messages"]]
+        flags = [m.get("train", True) is not False for m in row["messages"]]
+        rewards = [float(m.get("reward") or 0.0) for m in row["messages"]]
+        first = next((i for i, m in enumerate(messages) if m.role == "assistant"), None)
+        if first is None or first == 0:
+            continue  # no answer to learn, or no prompt to condition it on
+        seed = row.get("seed")
+        trajectory = Trajectory(env_id=str(row.get("env_id") or ""), task_id=str(row.get("task_id") or f"line {number}"),
+                                seed=seed if isinstance(seed, int) else None, messages=messages[:first])  # fmt: skip
+
+        def add(ids: Sequence[int], role: TokenRole, trajectory: Trajectory = trajectory) -> None:
+            trajectory.token_ids += ids
+            trajectory.token_roles += [int(role)] * len(ids)
+            trajectory.logprobs += [0.0] * len(ids)
+
+        add(chat.prompt_ids(messages[:first]), TokenRole.PROMPT)
+        index = first
+        while index < len(messages):
+            message = messages[index]
+            if message.role != "assistant":
+                raise ValueError(f"{path}:{number}: two messages in a row after an answer ({message.role!r} at "
+                                 f"message {index + 1}); each answer is followed by one observation")  # fmt: skip
+            text = message.content
+            if template and prefix in text and suffix in text:
+                text = template_content(text, template)
+            ids = chat.encode(text)
+            start = len(trajectory.token_ids)
+            add(ids, TokenRole.POLICY if flags[index] else TokenRole.ENV)
+            following = messages[index + 1] if index + 1 < len(messages) else None
+            trajectory.turns.append(Turn(action=text, observation=following.content if following else "",
+                                         reward=rewards[index], token_start=start, token_end=start + len(ids)))  # fmt: skip
+            trajectory.messages.append(Message("assistant", text))
+            if following is not None:
+                add(chat.observation_ids(following.content, ids, following.role), TokenRole.ENV)
+                trajectory.messages.append(following)
+            index += 2
+        if trajectory.num_policy_tokens:
+            trajectories.append(trajectory)
+    if not trajectories:
+        raise ValueError(f"{path}: no episode has an answer to train on (an assistant message with train true)")
     return trajectories
 
 
@@ -190,19 +265,38 @@ def warm_start(run: TrainingRun) -> dict[str, Any]:
                       max_batch_size=config.rollout.concurrency, autocast_dtype=run.precision.autocast_dtype)  # fmt: skip
     eval_seeds = list(range(config.eval.seed, config.eval.seed + config.eval.episodes))
     try:
-        untrained = evaluate_llm(run.make_env, policy, eval_seeds, config.eval.temperature,
-                                 config.rollout.max_new_tokens, config.rollout.concurrency)  # fmt: skip
+        if config.game is not None:
+            from rl_llm.trainers.social import evaluate_game
+
+            untrained = evaluate_game(config, policy, config.rollout.max_new_tokens, config.rollout.concurrency)
+        else:
+            untrained = evaluate_llm(run.make_env, policy, eval_seeds, config.eval.temperature,
+                                     config.rollout.max_new_tokens, config.rollout.concurrency)  # fmt: skip
     finally:
         policy.close()
-    train_seeds = list(range(cfg.seed, cfg.seed + cfg.episodes))
-    held_out = list(range(cfg.seed + cfg.episodes, cfg.seed + cfg.episodes + cfg.held_out_episodes))
-    # The expert's draws are seeded per (episode seed, turn) (``Expert``); one env plays every episode in turn,
-    # as it always has, so that no state an env might keep between episodes can change the data.
-    expert = expert_trajectories(run.make_env, run.tokenizer, config.env.id, cfg.baseline, train_seeds + held_out,
-                                 config.env.action_template, concurrency=1)  # fmt: skip
+    if cfg.data:  # episodes from a file (rl-llm export --format sft-jsonl): the last ones held out
+        expert = file_trajectories(cfg.data, run.tokenizer, config.env.action_template)
+        if len(expert) <= cfg.held_out_episodes:
+            raise ValueError(f"sft.data {cfg.data} has {len(expert)} episodes to train on, not more than "
+                             f"sft.held_out_episodes={cfg.held_out_episodes}; lower sft.held_out_episodes")  # fmt: skip
+        held = expert[len(expert) - cfg.held_out_episodes :]
+        expert = expert[: len(expert) - cfg.held_out_episodes]
+        expert = (expert[: cfg.episodes] if cfg.episodes else expert) + held
+        n_train = len(expert) - len(held)
+        source: dict[str, Any] = {"data": str(cfg.data), "episodes": n_train, "baseline": None}
+    else:
+        train_seeds = list(range(cfg.seed, cfg.seed + cfg.episodes))
+        held_out = list(range(cfg.seed + cfg.episodes, cfg.seed + cfg.episodes + cfg.held_out_episodes))
+        # The expert's draws are seeded per (episode seed, turn) (``Expert``); one env plays every episode in
+        # turn, as it always has, so that no state an env might keep between episodes can change the data.
+        expert = expert_trajectories(run.make_env, run.tokenizer, config.env.id, cfg.baseline, train_seeds + held_out,
+                                     config.env.action_template, concurrency=1, env_kwargs=config.env.kwargs)  # fmt: skip
+        n_train = len(train_seeds) * (2 if config.game is not None else 1)  # a game: both seats of each match
+        source = {"baseline": cfg.baseline, "episodes": cfg.episodes,
+                  "expert_seeds": [cfg.seed, cfg.seed + cfg.episodes - 1]}  # fmt: skip
     pad = run.tokenizer.pad_token_id
-    train = collate(expert[: len(train_seeds)], pad).to(device)
-    test = collate(expert[len(train_seeds) :], pad).to(device) if held_out else None
+    train = collate(expert[:n_train], pad).to(device)
+    test = collate(expert[n_train:], pad).to(device) if len(expert) > n_train else None
     nll_before = expert_nll(run.model, test, precision=run.precision) if test is not None else float("nan")
     # Its own Precision: a fresh loss scale for the fresh SFT optimizer (the RL loop's stays untouched).
     losses = sft(run.model, train, cfg.epochs, cfg.lr, cfg.batch_size, config.optim.micro_batch_size,
@@ -210,10 +304,8 @@ def warm_start(run: TrainingRun) -> dict[str, Any]:
     nll_after = expert_nll(run.model, test, precision=run.precision) if test is not None else float("nan")
     expert_returns = [t.total_reward for t in expert]
     record = {
-        "baseline": cfg.baseline,
-        "episodes": cfg.episodes,
+        **source,
         "epochs": cfg.epochs,
-        "expert_seeds": [cfg.seed, cfg.seed + cfg.episodes - 1],
         "expert_mean_return": sum(expert_returns) / len(expert_returns),
         "expert_policy_tokens": int(train.policy_mask.sum()),
         "heldout_expert_nll_before": nll_before,

@@ -15,11 +15,13 @@ run on every entry; any other baseline name runs where that baseline exists.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,12 +40,49 @@ from rl_llm.agents.bench.episodes import (
 from rl_llm.agents.bench.suite import Suite, SuiteEnv
 from rl_llm.agents.evaluate import mean_ci95
 from rl_llm.agents.policy import Policy
+from rl_llm.errors import RLLMError
 from rl_llm.paths import atomic_path, cache_dir
 from rl_llm.types import Trajectory
 
 
-class Unavailable(RuntimeError):
+class Unavailable(RLLMError, RuntimeError):
     """An entry that cannot run on this machine (no sandbox backend, no such baseline)."""
+
+
+class RunDirInUse(RLLMError, ValueError):
+    """Another process holds the run directory's lock (two writers would append the same episodes twice)."""
+
+
+LOCK_FILE = "run.lock"
+
+
+@contextlib.contextmanager
+def run_dir_lock(out: Path) -> Iterator[None]:
+    """Hold ``out/run.lock`` (an exclusive ``flock``) for the block: one writer per run directory. The lock
+    goes with the process, so a killed run leaves nothing to clean up; a second writer gets ``RunDirInUse``."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): unlocked, as before
+        yield
+        return
+    with (out / LOCK_FILE).open("a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip()
+            who = f" (pid {holder})" if holder.isdigit() else ""
+            raise RunDirInUse(f"{out} is in use by another rl-llm bench{who}; wait for it to finish or use "
+                              "another --out") from None  # fmt: skip
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.truncate(0)
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 @dataclass
@@ -198,13 +237,22 @@ def run_bench(
     reference_cache: Path | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run (or resume) ``agent`` on ``suite`` into ``out``; returns the results (also ``out/results.json``)."""
+    """Run (or resume) ``agent`` on ``suite`` into ``out``; returns the results (also ``out/results.json``).
+    The run holds ``out/run.lock`` throughout: a second run on the same ``out`` raises ``RunDirInUse``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with run_dir_lock(out):  # one writer per directory, for the whole run
+        return _run_bench(suite, agent, out, concurrency, max_tokens_budget, max_episodes, policy_options,
+                          reference_cache, log)  # fmt: skip
+
+
+def _run_bench(suite: Suite, agent: str, out: Path, concurrency: int, max_tokens_budget: int | None,
+               max_episodes: int | None, policy_options: dict[str, Any] | None, reference_cache: Path | None,
+               log: Callable[[str], None]) -> dict[str, Any]:  # fmt: skip
     from rl_llm.agents import is_llm_spec, make_policy
     from rl_llm.agents.baselines import baselines_for
     from rl_llm.agents.bench.report import build_results, write_reports
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     _check_run(out, suite, agent)
     episode_log = EpisodeLog(out / "episodes.jsonl")
     done = episode_log.load()

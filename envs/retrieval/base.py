@@ -9,6 +9,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from rl_llm.envs.retrieval.corpus import Passage
+from rl_llm.errors import RLLMError
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,7 @@ class Hit:
     score: float
 
 
-class RetrievalError(RuntimeError):
+class RetrievalError(RLLMError, RuntimeError):
     """The retriever could not answer (server down, bad response); environments report it as text."""
 
 

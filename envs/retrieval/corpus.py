@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rl_llm.errors import RLLMError
 from rl_llm.paths import atomic_path
 
 
@@ -54,7 +55,7 @@ class QAExample:
         return record
 
 
-class DataFormatError(ValueError):
+class DataFormatError(RLLMError, ValueError):
     """A corpus or QA file line that does not have the documented shape."""
 
 

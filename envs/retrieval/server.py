@@ -158,6 +158,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default listen backlog is 5: a burst of clients connecting at once had SYNs dropped and
+    # waited out 1 s retransmits (docs/serving.md#the-retriever-server).
+    request_queue_size = 1024
     batcher: _Batcher
     default_k: int
     passages: int

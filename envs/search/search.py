@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import os
-import threading
-from pathlib import Path
 from typing import Any
 
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.knowledge import bundled_kb
 from rl_llm.envs.parsing import Block, scan_blocks, truncate_middle
 from rl_llm.envs.qa_scoring import answer_in_texts, exact_match, f1_score, normalize_answer
-from rl_llm.envs.retrieval import (
-    BM25Retriever,
-    RetrievalError,
-    Retriever,
-    RetrieverClient,
-    load_corpus,
-    load_qa,
-)
+from rl_llm.envs.retrieval import Retriever, load_qa
 from rl_llm.envs.retrieval.corpus import QAExample
+from rl_llm.envs.retrieval.shared import MAX_QUERY_CHARS, resolve_retriever, retrieve_or_explain
 from rl_llm.envs.search.protocols import (
     PER_TURN_REWARDS,
     PROTOCOLS,
@@ -28,51 +19,9 @@ from rl_llm.envs.search.protocols import (
     SearchProtocol,
     r1_searcher_stage1,
 )
-from rl_llm.paths import cache_dir as package_cache_dir
 
-MAX_QUERY_CHARS = 1000
 # Action blocks looked at per turn: the first is run, the others are only counted.
 MAX_BLOCKS_SCANNED = 64
-
-
-_INDEX_LOCK = threading.Lock()
-
-
-def _shared_bm25(corpus_key: tuple[Any, ...], cache_dir: str) -> BM25Retriever:
-    """One BM25 index per corpus and process, shared by every environment instance (built once even when
-    many envs start at the same time in threads)."""
-    with _INDEX_LOCK:
-        return _load_bm25(corpus_key, cache_dir)
-
-
-@functools.lru_cache(maxsize=16)
-def _load_bm25(corpus_key: tuple[Any, ...], cache_dir: str) -> BM25Retriever:
-    passages = bundled_kb(corpus_key[1]).passages if corpus_key[0] == "bundled" else load_corpus(corpus_key[1])
-    return BM25Retriever(passages, cache_dir=cache_dir)
-
-
-def resolve_retriever(retriever: Retriever | str, corpus: str | os.PathLike[str] | None, kb_seed: int,
-                      cache_dir: str | os.PathLike[str] | None) -> Retriever:  # fmt: skip
-    """``"bm25"`` (shared in-process index over the corpus), an ``http://`` URL (a retriever server), or any
-    object with ``search_batch``."""
-    if isinstance(retriever, str) and retriever.startswith(("http://", "https://")):
-        return RetrieverClient(retriever)
-    if retriever == "bm25":
-        # A file corpus is keyed by path and modification time, so an edited file gets a fresh index.
-        path = None if corpus is None else Path(corpus).resolve()
-        key: tuple[Any, ...] = ("bundled", kb_seed) if path is None else ("file", str(path), path.stat().st_mtime_ns)
-        return _shared_bm25(key, str(cache_dir or package_cache_dir() / "indexes"))
-    if isinstance(retriever, str) or not callable(getattr(retriever, "search_batch", None)):
-        raise ValueError(f"retriever must be 'bm25', an http:// URL or an object with search_batch, got {retriever!r}")
-    return retriever
-
-
-def retrieve_or_explain(retriever: Retriever, query: str, k: int) -> tuple[list[Any], str]:
-    """Hits for one query, or no hits and the reason the search failed (shown to the agent)."""
-    try:
-        return retriever.search_batch([query], k)[0], ""
-    except (RetrievalError, OSError, ValueError) as exc:
-        return [], f"search failed: {exc}"
 
 
 class SearchEnv(TextEnv):

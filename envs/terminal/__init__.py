@@ -1,8 +1,8 @@
 """Procedurally generated shell tasks with completion checks, for ``rl-llm/Terminal-v0``.
 
-``generate_task(seed, family, difficulty)`` draws a task from ten families (files, logs, data, text,
-scripting, permissions, archives, config, git, sqlite); ``load_task_dir``/``load_task_folder`` read
-hand-written tasks. ``runner.py`` is the program that sets up and checks a workspace inside the sandbox.
+``generate_task(seed, family, difficulty)`` draws a task from ten families in ``families/`` (files, logs, data,
+text, scripting, permissions, archives, config, git, sqlite); ``load_task_dir``/``load_task_folder`` read
+hand-written tasks. ``workspace_checker.py`` is the program that sets up and checks a workspace inside the sandbox.
 """
 
 from rl_llm.envs.terminal.generator import DIFFICULTIES, FAMILIES, generate_task

@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from rl_llm.envs.terminal import (
+from rl_llm.envs.terminal.families import (
     archives,
-    config,
+    config_files,
     data,
     files,
     git_repos,
@@ -17,7 +17,7 @@ from rl_llm.envs.terminal import (
     sqlite_db,
     text,
 )
-from rl_llm.envs.terminal.common import Draft
+from rl_llm.envs.terminal.families.common import Draft
 from rl_llm.envs.terminal.task import TerminalTask
 
 Variant = Callable[[random.Random, int], Draft]
@@ -30,7 +30,7 @@ FAMILIES: dict[str, dict[str, Variant]] = {
     "scripting": scripting.VARIANTS,
     "permissions": permissions.VARIANTS,
     "archives": archives.VARIANTS,
-    "config": config.VARIANTS,
+    "config": config_files.VARIANTS,
     "git": git_repos.VARIANTS,
     "sqlite": sqlite_db.VARIANTS,
 }

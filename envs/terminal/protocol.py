@@ -1,4 +1,4 @@
-"""Talking to ``runner.py`` inside the sandbox: build its program text, read back its verdict."""
+"""Talking to ``workspace_checker.py`` inside the sandbox: build its program text, read back its verdict."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-RUNNER_SOURCE = (Path(__file__).with_name("runner.py")).read_text(encoding="utf-8")
+RUNNER_SOURCE = (Path(__file__).with_name("workspace_checker.py")).read_text(encoding="utf-8")
 RESULT_MARK = "RLLM-RESULT"
 #: Runs the program from stdin in isolated mode: no PYTHON* variables, no site-packages and no current
 #: directory on sys.path, so files the agent left in the workspace cannot shadow a module.

@@ -24,7 +24,7 @@ class TerminalTask:
     """A shell task: what the agent reads, how the workspace starts, and how the end state is judged.
 
     ``files`` are written into the empty workspace (str for text, bytes for binary), then ``setup`` runs
-    there with bash. ``checks`` are declarative specs run by the checker (``runner.py``) on the final
+    there with bash. ``checks`` are declarative specs run by the checker (``workspace_checker.py``) on the final
     state; all must pass for reward 1. ``solution`` is the oracle's list of shell commands.
     """
 

@@ -9,6 +9,8 @@ import math
 import operator
 from collections.abc import Callable
 
+from rl_llm.errors import RLLMError
+
 MAX_EXPRESSION_CHARS = 500
 MAX_EXPONENT = 1000
 MAX_INT_DIGITS = 300
@@ -35,7 +37,7 @@ _FUNCTIONS: dict[str, Callable[..., float]] = {
 _CONSTANTS = {"pi": math.pi, "e": math.e}
 
 
-class CalculatorError(ValueError):
+class CalculatorError(RLLMError, ValueError):
     """An expression the calculator refuses, with a message meant for the agent."""
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from rl_llm.errors import RLLMError
 
-class ToolUnavailable(RuntimeError):
+
+class ToolUnavailable(RLLMError, RuntimeError):
     """The tool cannot run here (no sandbox backend); the message says why."""
 
 

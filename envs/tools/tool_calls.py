@@ -11,7 +11,7 @@ from rl_llm.envs.knowledge import TOOL_TASK_KINDS, ToolTask, bundled_kb
 from rl_llm.envs.parsing import Block, ToolCall, parse_json_tool_calls, scan_blocks, truncate_middle
 from rl_llm.envs.qa_scoring import numeric_or_exact_match
 from rl_llm.envs.retrieval import Retriever, format_passages
-from rl_llm.envs.search.search import MAX_QUERY_CHARS, resolve_retriever, retrieve_or_explain
+from rl_llm.envs.retrieval.shared import MAX_QUERY_CHARS, resolve_retriever, retrieve_or_explain
 from rl_llm.envs.tools import TOOLS, CalculatorError, PythonTool, ToolUnavailable, calculate, format_number
 from rl_llm.envs.tools.specs import validate_arguments
 

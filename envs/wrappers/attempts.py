@@ -28,6 +28,7 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
+from rl_llm.envs.base import reported_correct
 from rl_llm.envs.parsing import extract_tag
 from rl_llm.envs.qa_scoring import normalize_answer, parse_number
 
@@ -39,16 +40,6 @@ def normalise_answer(answer: str) -> str:
     normalises it (lower case, no punctuation or articles, squeezed whitespace)."""
     number = parse_number(answer)
     return format(number, ".15g") if number is not None else normalize_answer(answer)
-
-
-def reported_correct(info: dict[str, Any]) -> bool | None:
-    """Whether the env says the final answer is right: ``info["correct"]`` (a bool), else
-    ``info["metrics"]["correct"]``; None when it says neither (the caller then judges by the reward)."""
-    correct = info.get("correct")
-    if isinstance(correct, (bool, np.bool_)):
-        return bool(correct)
-    metrics = info.get("metrics") or {}
-    return bool(metrics["correct"]) if "correct" in metrics else None
 
 
 class _Attempts(gym.Wrapper[str, str, str, str]):

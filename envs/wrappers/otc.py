@@ -23,7 +23,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from rl_llm.envs.wrappers.attempts import reported_correct
+from rl_llm.envs.base import reported_correct
 
 
 def otc_ppo_tool_reward(calls: int, c: float = 1.0) -> float:

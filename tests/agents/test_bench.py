@@ -340,3 +340,32 @@ def test_smoke_suite_against_a_real_vllm_server(
     assert sum(t.num_policy_tokens for t in trajectories) <= results["tokens"]
     view = pytest.importorskip("rl_llm.view", reason="needs rl_llm.view (rl-llm view)")
     assert view.write_view(tmp_path, tmp_path / "view.html", episodes=4, tokenizer=None).stat().st_size > 0
+
+
+def test_a_second_bench_on_the_same_directory_is_refused(tmp_path: Path) -> None:
+    """Two writers on one --out would append the same episodes twice: while one process holds the run
+    directory, `rl-llm bench` on it stops at once with one error line (exit 2) and writes nothing."""
+    out = tmp_path / "run"
+    out.mkdir()
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(json.dumps(TINY_SUITE))
+    env = {"PATH": "/usr/bin:/bin", "COLUMNS": "200", "RL_LLM_CACHE": str(tmp_path / "cache")}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from rl_llm.agents.bench.runner import "
+         "run_dir_lock\nwith run_dir_lock(Path(sys.argv[1])):\n    print('held', flush=True); sys.stdin.read()",
+         str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        command = [sys.executable, "-m", "rl_llm.cli", "bench", "--agent", "oracle", "--suite", str(suite),
+                   "--out", str(out)]  # fmt: skip
+        refused = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        errors = [line for line in refused.stdout.splitlines() if line.startswith("error:")]
+        assert errors == [f"error: {out} is in use by another rl-llm bench (pid {holder.pid}); wait for it to "
+                          "finish or use another --out"], refused.stdout  # fmt: skip
+        assert "Traceback" not in refused.stderr and not (out / "episodes.jsonl").exists()
+    finally:
+        holder.communicate("", timeout=60)  # the holder exits: its lock goes with it
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(record["id"] for record in episodes(out)) == ["bandit/0", "bandit/1"]

@@ -19,7 +19,7 @@ from rl_llm.agents.policy import EpisodeStart
 from rl_llm.agents.rollout import EpisodeJob, RolloutEngine, collect, read_trajectories, write_trajectories
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.registration import env_ids
-from rl_llm.types import Message, TokenRole
+from rl_llm.types import TRAJECTORY_SCHEMA_VERSION, Message, TokenRole
 from tests.agents.trajectory_checks import assert_logprobs_match_forward_pass, assert_token_bookkeeping
 from tests.envs.test_registered_envs import TEST_KWARGS
 
@@ -209,7 +209,7 @@ def test_trajectories_round_trip_through_jsonl(make_tiny_policy, tmp_path: Path)
     policy = make_tiny_policy(max_new_tokens=6)
     trajectories = collect("rl-llm/MultiArmedBandit-v0", policy, seeds=[0, 1], env_kwargs={"horizon": 3})
     path = write_trajectories(trajectories, tmp_path / "t.jsonl")
-    assert '"schema_version": 2' in path.read_text().splitlines()[0]
+    assert f'"schema_version": {TRAJECTORY_SCHEMA_VERSION}' in path.read_text().splitlines()[0]
     assert read_trajectories(path) == trajectories
     assert all(t.metrics and "regret" in t.metrics for t in trajectories)
 

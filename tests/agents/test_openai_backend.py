@@ -150,3 +150,19 @@ def test_rl_llm_eval_with_an_openai_agent_writes_table_jsonl_and_plot(stub: Chat
     assert all(r["error"] is None and r["agent"].startswith("openai:") for r in records)
     assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
     assert len(out.with_suffix(".trajectories.jsonl").read_text().splitlines()) == 5
+
+
+def test_rl_llm_eval_whose_every_episode_failed_exits_non_zero(tmp_path: Path) -> None:
+    # The server is down (nothing listens on the port): the table of zeros measures nothing, so a script
+    # running `rl-llm eval` must not take it for a result.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "eval.jsonl"
+    command = [sys.executable, "-m", "rl_llm.cli", "eval", "TicTacToe", "--agent", f"openai:http://127.0.0.1:{port}/v1#m",
+               "--episodes", "2", "--out", str(out)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "error: every episode (2) ended on an error" in result.stdout and "Traceback" not in result.stderr
+    assert "connection failed" in result.stdout  # the first error, in the warning line
+    assert [json.loads(line)["error"] is not None for line in out.read_text().splitlines()] == [True, True]

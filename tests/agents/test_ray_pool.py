@@ -12,7 +12,7 @@ from rl_llm.agents.baselines import make_baseline
 from rl_llm.agents.evaluate import evaluate
 from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy
 from rl_llm.agents.ray_pool import EpisodeLost, RayEnvPool
-from rl_llm.trainers.adapters.generic import EnvFactory
+from rl_llm.envs import EnvFactory
 from rl_llm.types import Message, Trajectory
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'rl-llm[ray]'")

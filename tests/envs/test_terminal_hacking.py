@@ -13,7 +13,7 @@ import pytest
 
 from rl_llm.agents.baselines.terminal import TerminalOracle
 from rl_llm.envs.terminal import TerminalTask, generate_task
-from rl_llm.envs.terminal.common import write_file_cmd
+from rl_llm.envs.terminal.families.common import write_file_cmd
 from rl_llm.envs.terminal.terminal_env import TerminalEnv
 from tests.envs.test_terminal_env import ANSWER_TASK, ISOLATING, play
 

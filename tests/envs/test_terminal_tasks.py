@@ -1,4 +1,4 @@
-"""The terminal task generator, the hand-written task loader and the checker program (``runner.py``).
+"""The terminal task generator, the hand-written task loader and the checker program (``workspace_checker.py``).
 
 The checker runs here as it does in the sandbox (``python3 -I -S -`` reading the program on stdin, in the
 workspace directory), only without the sandbox around it, so these tests need no bwrap.
@@ -20,9 +20,9 @@ from rl_llm.envs.terminal import (
     load_task_dir,
     load_task_folder,
 )
-from rl_llm.envs.terminal.permissions import symbolic
+from rl_llm.envs.terminal.families.permissions import symbolic
 from rl_llm.envs.terminal.protocol import RUNNER_COMMAND, parse_verdict, runner_program
-from rl_llm.envs.terminal.runner import expand_cron_field, parse_crontab, parse_env_file
+from rl_llm.envs.terminal.workspace_checker import expand_cron_field, parse_crontab, parse_env_file
 
 
 def run_runner(payload: dict, workspace: Path) -> tuple[bool, str]:

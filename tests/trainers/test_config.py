@@ -78,8 +78,15 @@ def test_shipped_configs_load_and_their_envs_build(path: Path) -> None:
     import rl_llm  # noqa: F401
 
     config = load_config(path)
-    env = gym.make(config.env.id, **config.env.kwargs)
-    observation, info = env.reset(seed=0)
+    if config.game is not None:  # a two-player game (social/<game>): its PettingZoo parallel env
+        from rl_llm.envs.social import load
+
+        env = load(config.game).parallel_env(**config.env.kwargs)
+        observations, infos = env.reset(seed=0)
+        observation, info = observations["player_0"], infos["player_0"]
+    else:
+        env = gym.make(config.env.id, **config.env.kwargs)
+        observation, info = env.reset(seed=0)
     assert observation and info["task_id"]
     env.close()
 

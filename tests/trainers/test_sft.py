@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -138,3 +141,74 @@ def test_sft_lowers_expert_nll_and_raises_legal_moves_on_held_out_seeds(setting)
         nll_after,
     )  # random init: ~ln(vocab) = 7.6 nats per token
     assert legal_after > legal_before + 0.1, (legal_before, legal_after)  # measured: 0.0 -> 0.18
+
+
+def test_exported_expert_episodes_tokenise_exactly_as_the_expert_was_recorded(setting, tmp_path: Path) -> None:
+    # expert episodes -> trajectories file -> `rl-llm export --format sft-jsonl` -> the warm start's reader:
+    # the same tokens and roles the rollout engine recorded (what `sft.data` trains on).
+    from rl_llm.export import export
+    from rl_llm.trainers.sft import file_trajectories
+
+    config, _, tokenizer, make_env = setting
+    expert = expert_trajectories(make_env, tokenizer, TTT, "minimax", list(range(6)), config.env.action_template)
+    source = tmp_path / "expert.trajectories.jsonl"
+    source.write_text("".join(t.to_json() + "\n" for t in expert))
+    sft_file = export(source, "sft-jsonl").out
+    read = file_trajectories(sft_file, tokenizer, config.env.action_template)
+    assert [t.token_ids for t in read] == [t.token_ids for t in expert]
+    assert [t.token_roles for t in read] == [t.token_roles for t in expert]
+    assert [[(turn.token_start, turn.token_end, turn.reward) for turn in t.turns] for t in read] == \
+        [[(turn.token_start, turn.token_end, turn.reward) for turn in t.turns] for t in expert]  # fmt: skip
+    # Answers written whole (an eval of the baseline, no template) are cut to the template's content;
+    # an answer marked train: false stays in the context as ENV tokens.
+    rows = [json.loads(line) for line in sft_file.read_text().splitlines()]
+    for row in rows:
+        for message in row["messages"]:
+            if message["role"] == "assistant":
+                message["content"] = f"<move>{message['content']}</move>"
+    rows[0]["messages"][2]["train"] = False
+    whole = tmp_path / "whole.sft.jsonl"
+    whole.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    again = file_trajectories(whole, tokenizer, config.env.action_template)
+    assert [t.token_ids for t in again] == [t.token_ids for t in expert]
+    first = expert[0].turns[0]
+    assert set(again[0].token_roles[first.token_start : first.token_end]) == {int(TokenRole.ENV)}
+    assert again[1].token_roles == expert[1].token_roles
+
+
+def test_sft_data_must_name_a_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"sft\.data: no such file"):
+        load_config(CONFIG, [f"sft.data={tmp_path / 'missing.jsonl'}"])
+    (tmp_path / "x.sft.jsonl").write_text("")
+    config = load_config(CONFIG, ["sft.episodes=0", f"sft.data={tmp_path / 'x.sft.jsonl'}"])
+    assert config.sft.enabled and not load_config(CONFIG, ["sft.episodes=0"]).sft.enabled
+
+
+def test_rl_llm_train_warm_starts_from_an_exported_file(tmp_path: Path) -> None:
+    """`rl-llm eval` of the bandit's random baseline, `rl-llm export`, then the default job warm-started from the
+    file (`sft.data`) instead of playing the baseline itself."""
+    env = {"PATH": "/usr/bin:/bin", "COLUMNS": "200", "HOME": str(Path.home())}
+
+    def rl_llm(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "rl_llm.cli", *args], capture_output=True, text=True,
+                              timeout=600, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout + done.stderr
+
+    kwargs = ["-k", "num_arms=3", "-k", "horizon=4", "-k", "means=[0.2, 0.9, 0.5]", "-k", "reward_mode=strategic",
+              "-k", "invalid_action_penalty=3.0"]  # the default job's env  # fmt: skip
+    rl_llm("eval", "MultiArmedBandit", "--agent", "random", "--episodes", "40", "--out", str(tmp_path / "r.jsonl"),
+           *kwargs)  # fmt: skip
+    data = tmp_path / "r.sft.jsonl"
+    rl_llm("export", str(tmp_path / "r.jsonl"), "--format", "sft-jsonl", "--out", str(data))
+    run = tmp_path / "run"
+    output = rl_llm("train", "steps=1", "eval.episodes=2", "eval.baselines=[]", "rollout.prompts_per_step=2",
+                    "rollout.group_size=2", "sft.episodes=0", f"sft.data={data}", "sft.held_out_episodes=8",
+                    "sft.epochs=3", "log.tensorboard=false", "log.plot=false", "--out", str(run))  # fmt: skip
+    record = json.loads((run / "warm_start.json").read_text())
+    assert record["data"] == str(data) and record["episodes"] == 32 and record["baseline"] is None
+    # Each "<action>X</action>" answer was cut to the label the model writes: one token per turn, 4 turns.
+    assert record["expert_policy_tokens"] == 32 * 4
+    assert record["loss_last"] < record["loss_first"]
+    assert record["heldout_expert_nll_after"] < record["heldout_expert_nll_before"]
+    assert "after SFT" in output and (run / "model").is_dir()

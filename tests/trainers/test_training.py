@@ -154,3 +154,29 @@ def test_train_main_reports_bad_configs_and_missing_models(tmp_path: Path, capsy
     assert not (tmp_path / "metrics.jsonl").exists()
     assert train_main(None, [f"model.path={tmp_path / 'no-such-model'}"], out=str(tmp_path / "run")) == 2
     assert "is not a local directory" in capsys.readouterr().out
+
+
+def test_saving_the_trained_model_draws_no_progress_bar(tmp_path: Path, capfd) -> None:
+    """transformers' "Writing model shards" bar came after the run's summary line in piped output (no
+    newline between); the export of the model is silent, and leaves the bars as it found them."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from rl_llm.agents.tiny import tiny_model
+
+    path = tiny_model()
+    run = SimpleNamespace(run_dir=tmp_path, model=AutoModelForCausalLM.from_pretrained(str(path)),
+                          tokenizer=AutoTokenizer.from_pretrained(str(path)))  # fmt: skip
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()  # as in a terminal (the CLI turns them off in pipes only)
+    try:
+        capfd.readouterr()
+        assert TrainingRun.export_model(run) == tmp_path / "model"
+        captured = capfd.readouterr()
+        assert "Writing model shards" not in captured.out + captured.err
+        assert hf_logging.is_progress_bar_enabled()
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+    assert (tmp_path / "model" / "config.json").is_file()

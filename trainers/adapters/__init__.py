@@ -1,21 +1,18 @@
-"""rl_llm.trainers.adapters: rl-llm environments inside external trainers and behind a network API.
+"""Deprecated: ``rl_llm.trainers.adapters`` moved to ``rl_llm.integrations`` (docs/design.md#integrations).
 
-- ``generic``: ``EnvFactory`` (picklable) and ``MessageEnv`` (``reset(task) -> messages``,
-  ``step(messages) -> (messages, reward, done, info)``) for OpenRLHF, SkyRL and hand-written loops.
-- ``http_server`` / ``http_client``: a FastAPI env server with sessions, batching, timeouts and reaping.
-- ``trl``: ``EnvRollout``, a ``rollout_func`` for TRL's ``GRPOTrainer``.
-- ``verl``: ``RLLMAgentLoop``, a verl agent loop (``configs/verl/``).
-- ``rl_llm.agents.ray_pool.RayEnvPool``: envs on Ray actors, usable wherever an env factory is.
-- ``openenv``: any env served by openenv-core's ``create_app`` (``python -m rl_llm.trainers.adapters.openenv``).
-- ``trl_env``: ToolCalls / Search / TextToSQL / Terminal as TRL ``environment_factory`` classes (tools = methods).
-- ``skyrl``: every env as a skyrl-gym ``BaseTextEnv`` (``register_skyrl_envs``).
-- ``verifiers_env``: ``load_environment(env_id, **kwargs)``, a verifiers ``MultiTurnEnv``.
-- ``social_seat``: one seat of a social game as a single-agent env (``social/<game>`` ids in the adapters).
-
-Importing this package needs none of the optional extras (fastapi, ray, trl, verl, openenv-core, skyrl-gym,
-verifiers).
+Every old import path keeps working: ``rl_llm.trainers.adapters.<module>`` is the very module object
+``rl_llm.integrations.<module>`` (so ``isinstance`` checks and module state agree), and
+``python -m rl_llm.trainers.adapters.http_server`` / ``.openenv`` still start their servers. Each warns once.
 """
 
-from rl_llm.trainers.adapters.generic import EnvFactory, MessageEnv
+import warnings
+
+from rl_llm.integrations import EnvFactory, MessageEnv
+
+warnings.warn(
+    "rl_llm.trainers.adapters moved to rl_llm.integrations; import from there (the old path will be removed)",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 __all__ = ["EnvFactory", "MessageEnv"]

@@ -1,0 +1,138 @@
+"""Do dynamic sampling, GiGPO and a curriculum make the TicTacToe CPU job learn more from the same episodes?
+
+Runs ``configs/tictactoe_grpo_cpu.yaml`` (warm start on minimax episodes, then RL) once per training seed and
+arm, and prints per arm the win-rate gain over the warm-started policy on the held-out seeds (paired, after -
+before), the share of trained groups with zero signal (all returns equal: zero GRPO advantage), the training
+episodes played, and the CPU time, each next to the same-run baseline arm of its comparison:
+
+(a) plain GRPO (the baseline) / GRPO + dynamic sampling / GiGPO, against the config's random opponent.
+    Same episode budget: the baseline draws 6 groups of 8 per step; the filtered arm asks for 4 groups and may
+    draw up to 2 replacements (``rollout.filter.zero_variance``, ``max_extra_groups=2``), so it never plays
+    more episodes per step than the baseline (it trains on fewer groups, all with signal). GiGPO plays exactly
+    the baseline's episodes.
+(b) a fixed-level run (the baseline) against a curriculum, both on ``opponent: mixed`` and evaluated at
+    ``opponent_skill`` 0.5: the fixed arm trains at 0.5 throughout, the curriculum arm starts at 0 (a random
+    opponent) and moves through 0.25 to 0.5 by its running win rate (``curriculum.kind=levels``,
+    ``success_metric=win``). Same steps and groups, so the same episodes.
+
+    python benchmarks/sample_efficiency.py [--seeds 0,1,2,3,4] [--arms a,b] [--smoke] [--keep DIR] [key=value ...]
+
+``--smoke`` shrinks every run (2 RL steps, a 64-episode warm start, 8 held-out seeds) to check the script end to
+end; its figures measure nothing. Extra ``key=value`` arguments override every arm's config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from default_job import train_once
+
+CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "tictactoe_grpo_cpu.yaml")
+MIXED = ["env.kwargs.opponent=mixed", "env.kwargs.opponent_skill=0.5"]
+ARMS = {
+    "a": {
+        "grpo": [],
+        "grpo+filter": ["rollout.prompts_per_step=4", "rollout.filter.zero_variance=true",
+                        "rollout.filter.max_extra_groups=2"],
+        "gigpo": ["algorithm=gigpo"],
+    },
+    "b": {
+        "fixed@0.5": MIXED,
+        "curriculum": [*MIXED, "curriculum.kind=levels", "curriculum.option=opponent_skill",
+                       "curriculum.levels=[0.0, 0.25, 0.5]", "curriculum.success_metric=win", "curriculum.window=96",
+                       "curriculum.promote_at=0.5", "curriculum.demote_at=0.1"],
+    },
+}  # fmt: skip
+SMOKE = ["steps=2", "sft.episodes=64", "sft.epochs=1", "sft.held_out_episodes=8", "eval.episodes=8",
+         "eval.baselines=[random]", "curriculum.window=8"]  # fmt: skip
+
+
+def paired_gain(before: list[float], after: list[float]) -> float:
+    return sum(a - b for a, b in zip(after, before, strict=True)) / len(before)
+
+
+def run_arm(name: str, overrides: list[str], seed: int, root: Path) -> dict:
+    out = root / f"{name}-seed{seed}"
+    wall, cpu = train_once(CONFIG, seed, overrides, out)
+    before = json.loads((out / "eval_before.json").read_text())["values"]
+    after = json.loads((out / "eval_after.json").read_text())["values"]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    group_size = json.loads((out / "summary.json").read_text())["config"]["rollout"]["group_size"]
+    trained = [r["groups/kept"] + r["groups/readmitted"] for r in records]
+    zero = sum(r["groups/zero_std_frac"] * n for r, n in zip(records, trained, strict=True))
+    row = {
+        "arm": name, "seed": seed, "win_before": sum(before["win"]) / len(before["win"]),
+        "win_after": sum(after["win"]) / len(after["win"]), "gain": paired_gain(before["win"], after["win"]),
+        "zero_signal": zero / sum(trained), "episodes": int(sum(r["groups/drawn"] for r in records) * group_size),
+        "dropped": int(sum(r["groups/dropped"] for r in records)), "wall_s": wall, "cpu_s": cpu,
+    }  # fmt: skip
+    if "curriculum/level" in records[-1]:
+        row["final_level"] = records[-1]["curriculum/level"]
+    return row
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))
+
+
+def summarise(comparison: str, rows: list[dict]) -> None:
+    arms = list(ARMS[comparison])
+    base = [r for r in rows if r["arm"] == arms[0]]
+    base_gain, _ = mean_sd([r["gain"] for r in base])
+    base_episodes = sum(r["episodes"] for r in base) / len(base)
+    base_cpu = sum(r["cpu_s"] for r in base) / len(base)
+    print(f"\n({comparison}) {len(base)} seed(s); baseline arm: {arms[0]}")
+    print(f"{'arm':>12} {'win SFT':>7} {'win RL':>6} {'gain mean ± sd':>15} {'gain>0':>6} {'Δgain vs base':>13} "
+          f"{'zero-signal':>11} {'episodes (x base)':>17} {'CPU s (x base)':>15}")  # fmt: skip
+    for arm in arms:
+        mine = [r for r in rows if r["arm"] == arm]
+        gain, sd = mean_sd([r["gain"] for r in mine])
+        episodes = sum(r["episodes"] for r in mine) / len(mine)
+        cpu = sum(r["cpu_s"] for r in mine) / len(mine)
+        print(f"{arm:>12} {sum(r['win_before'] for r in mine) / len(mine):>7.3f} "
+              f"{sum(r['win_after'] for r in mine) / len(mine):>6.3f} {gain:>+8.3f} ± {sd:.3f} "
+              f"{sum(r['gain'] > 0 for r in mine):>3}/{len(mine):<2} {gain - base_gain:>+13.3f} "
+              f"{sum(r['zero_signal'] for r in mine) / len(mine):>11.3f} {episodes:>9.0f} ({episodes / base_episodes:.2f}) "
+              f"{cpu:>7.0f} ({cpu / base_cpu:.2f})")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="training seeds, comma-separated")
+    parser.add_argument("--arms", default="a,b", help="comparisons to run: a (filter, GiGPO), b (curriculum)")
+    parser.add_argument("--smoke", action="store_true", help="tiny runs that only check the script works")
+    parser.add_argument("--keep", help="keep the run directories under this folder (default: a temporary one)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of every arm's config")
+    args = parser.parse_args()
+    comparisons = [c for c in args.arms.split(",") if c]
+    unknown = set(comparisons) - set(ARMS)
+    if unknown:
+        raise SystemExit(f"error: --arms: unknown comparison(s) {sorted(unknown)}; choose from {sorted(ARMS)}")
+    extra = (SMOKE if args.smoke else []) + args.overrides
+    print(f"{'arm':>12} {'seed':>4} {'win SFT':>7} {'win RL':>6} {'gain':>6} {'zero-signal':>11} {'episodes':>8} "
+          f"{'dropped':>7} {'level':>5} {'wall s':>7} {'cpu s':>6} {'load':>5}")  # fmt: skip
+    rows: dict[str, list[dict]] = {c: [] for c in comparisons}
+    with tempfile.TemporaryDirectory(prefix="rl-llm-sample-efficiency-") as scratch:
+        root = Path(args.keep or scratch)
+        for seed in (int(s) for s in args.seeds.split(",")):
+            for comparison in comparisons:
+                for arm, overrides in ARMS[comparison].items():
+                    r = run_arm(arm, [*overrides, *extra], seed, root)
+                    rows[comparison].append(r)
+                    level = f"{r['final_level']:.0f}" if "final_level" in r else "-"
+                    print(f"{arm:>12} {seed:>4} {r['win_before']:>7.3f} {r['win_after']:>6.3f} {r['gain']:>+6.3f} "
+                          f"{r['zero_signal']:>11.3f} {r['episodes']:>8} {r['dropped']:>7} {level:>5} "
+                          f"{r['wall_s']:>7.1f} {r['cpu_s']:>6.1f} {os.getloadavg()[0]:>5.1f}", flush=True)  # fmt: skip
+    for comparison in comparisons:
+        summarise(comparison, rows[comparison])
+    print(f"({os.cpu_count()} CPUs; zero-signal: share of trained groups whose returns were all equal)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,526 @@
+"""Serving at scale: rl-llm's env servers under many concurrent clients, against a bare app on the same stack.
+
+Every server runs in its own process (uvicorn, the same settings: uvloop/httptools where installed, no access
+log); the load client is this process (aiohttp), on the same cores. Each client plays whole
+MultiArmedBandit-v0 episodes (``horizon`` pulls): reset, then steps until the episode ends, for ``--seconds``
+per point. A call is one reset or one step. The baseline, measured in the same run, is a bare FastAPI app
+with the same three routes (create, reset, step) and no env: the web stack's own ceiling here.
+
+Printed per point: calls/s, p50 and p99 latency, and the ratios ``ours / bare`` (targets: calls/s >= 0.8x,
+p99 <= 2x; docs/serving.md#targets). Also: the WebSocket endpoint ``/sessions/ws`` (one connection per
+client, whole episodes over it) against a bare WebSocket route, the server's RSS per open session, and the
+retriever server's queries/s.
+
+    python benchmarks/serving.py [--seconds 4] [--clients 1 64 256 1000] [--only http ws memory retriever]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from pydantic import BaseModel
+
+ENV_ID = "rl-llm/MultiArmedBandit-v0"
+HORIZON = 10
+ACTION = "<action>A</action>"
+HERE = os.path.abspath(__file__)
+
+
+# -- the bare baseline app (run in a child process with --serve bare) ----------------------------------------
+class Create(BaseModel):
+    env_id: str
+    kwargs: dict[str, Any] = {}
+    count: int = 1
+
+
+class Reset(BaseModel):
+    seed: int | None = None
+    options: dict[str, Any] | None = None
+
+
+class Step(BaseModel):
+    action: str
+
+
+def recorded_episode() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The env server's own replies for one episode (reset, then ``HORIZON`` steps), recorded once at start,
+    so the bare app answers with the same bytes (the client parses as much) without running an env."""
+    from rl_llm.integrations.http_server import CreateRequest, EnvServer, ResetRequest, StepRequest
+
+    async def record() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        server = EnvServer()
+        sid = (await server.create(CreateRequest(env_id=ENV_ID, kwargs={"horizon": HORIZON})))[0]
+        reset = await server.reset(sid, ResetRequest(seed=0))
+        steps = [await server.step(sid, StepRequest(action=ACTION)) for _ in range(HORIZON)]
+        server.shutdown()
+        return reset, steps
+
+    return asyncio.run(record())
+
+
+def bare_app() -> Any:
+    """Three routes with the same request bodies as the env server's, answering a recorded episode of
+    ``HORIZON`` steps with the server's own replies; FastAPI encodes the returned dicts as an app would."""
+    import uuid
+
+    app = FastAPI()
+    turns: dict[str, int] = {}
+    reset_recorded, steps_recorded = recorded_episode()
+
+    def reset_reply(sid: str) -> dict[str, Any]:
+        turns[sid] = 0
+        return {**reset_recorded, "session_id": sid}
+
+    def step_reply(sid: str) -> dict[str, Any]:
+        turn = turns.get(sid, 0)
+        turns[sid] = turn + 1
+        return {**steps_recorded[min(turn, HORIZON - 1)], "session_id": sid}
+
+    @app.post("/sessions")
+    async def create(request: Create) -> dict[str, Any]:
+        return {"session_ids": [uuid.uuid4().hex for _ in range(request.count)]}
+
+    @app.post("/sessions/{sid}/reset")
+    async def reset(sid: str, request: Reset) -> dict[str, Any]:
+        return reset_reply(sid)
+
+    @app.post("/sessions/{sid}/step")
+    async def step(sid: str, request: Step) -> dict[str, Any]:
+        return step_reply(sid)
+
+    @app.websocket("/sessions/ws")
+    async def ws(socket: WebSocket) -> None:
+        await socket.accept()
+        sid = uuid.uuid4().hex
+        try:
+            while True:
+                message = json.loads(await socket.receive_text())
+                op = message["op"]
+                reply = {"session_id": sid} if op == "create" else reset_reply(sid) if op == "reset" else step_reply(sid)
+                await socket.send_text(json.dumps(reply))
+        except WebSocketDisconnect:
+            turns.pop(sid, None)
+
+    return app
+
+
+def serve(kind: str, port: int) -> None:
+    import uvicorn
+
+    if kind == "bare":
+        uvicorn.run(bare_app(), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    else:
+        from rl_llm.integrations.http_server import main
+
+        main(["--port", str(port), "--env", ENV_ID, "--max-sessions", "12000"])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def server_process(argv: list[str], url_path: str = "/docs") -> Any:
+    """Start a server in a child process and wait until it answers."""
+    import httpx
+
+    port = free_port()
+    # Servers' own logs go to a file: openenv-core logs a traceback for every client that closes its /ws.
+    log = open(f"/tmp/rl-llm-serving-{port}.log", "wb")  # noqa: SIM115 (closed with the process)
+    process = subprocess.Popen([sys.executable, *[a.replace("{port}", str(port)) for a in argv]], stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(url + url_path, timeout=1)
+                break
+            except httpx.HTTPError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"error: server {argv} did not start") from None
+                time.sleep(0.1)
+        yield url, process.pid
+    finally:
+        process.terminate()
+        process.wait(10)
+        log.close()
+
+
+# -- the load ------------------------------------------------------------------------------------------------
+@dataclass
+class Point:
+    calls: int
+    seconds: float
+    latencies: list[float]
+    errors: int
+    server_cpu_s: float = 0.0  # CPU the server process used meanwhile (user + system)
+
+    def add(self, other: Point) -> None:
+        self.calls += other.calls
+        self.seconds += other.seconds
+        self.latencies += other.latencies
+        self.errors += other.errors
+        self.server_cpu_s += other.server_cpu_s
+
+    @property
+    def cpu_us(self) -> float:
+        """Server CPU per call: unlike calls/s, barely moved by other load on a shared machine."""
+        return self.server_cpu_s / max(1, self.calls) * 1e6
+
+    @property
+    def rate(self) -> float:
+        return self.calls / self.seconds
+
+    def pct(self, q: float) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else float("nan")
+
+
+async def run_load(clients: int, seconds: float, episode: Callable[[Any, Callable[[float], None]], Awaitable[None]],
+                   setup: Callable[[Any], Awaitable[Any]]) -> Point:
+    """``clients`` coroutines each play ``episode`` until ``seconds`` have passed; latencies of each call."""
+    import aiohttp
+
+    latencies: list[float] = []
+    errors = 0
+    connector = aiohttp.TCPConnector(limit=clients + 8)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
+        states = await asyncio.gather(*(setup(http) for _ in range(clients)))
+        start = time.perf_counter()
+        stop = start + seconds
+
+        def record(latency: float) -> None:
+            latencies.append(latency)
+
+        async def client(state: Any) -> None:
+            nonlocal errors
+            while time.perf_counter() < stop:
+                try:
+                    await episode(state, record)
+                except (aiohttp.ClientError, RuntimeError, asyncio.TimeoutError):
+                    errors += 1
+
+        await asyncio.gather(*(client(state) for state in states))
+        elapsed = time.perf_counter() - start
+        for state in states:  # a clean goodbye, so servers do not log dropped connections
+            if hasattr(state, "close"):
+                await state.close()
+    return Point(len(latencies), elapsed, latencies, errors)
+
+
+def http_episode(url: str) -> tuple[Any, Any]:
+    async def setup(http: Any) -> tuple[Any, str]:
+        async with http.post(url + "/sessions", json={"env_id": ENV_ID, "kwargs": {"horizon": HORIZON}}) as r:
+            body = await r.json()
+            if r.status != 200:
+                raise SystemExit(f"error: creating a session failed: {r.status} {body}")
+            return http, body["session_ids"][0]
+
+    async def episode(state: tuple[Any, str], record: Callable[[float], None]) -> None:
+        http, sid = state
+        t = time.perf_counter()
+        async with http.post(f"{url}/sessions/{sid}/reset", json={"seed": 0}) as r:
+            await r.read()
+            if r.status != 200:
+                raise RuntimeError(r.status)
+        record(time.perf_counter() - t)
+        done = False
+        while not done:
+            t = time.perf_counter()
+            async with http.post(f"{url}/sessions/{sid}/step", json={"action": ACTION}) as r:
+                body = await r.json()
+                if r.status != 200:
+                    raise RuntimeError(r.status)
+            record(time.perf_counter() - t)
+            done = body["done"]
+
+    return setup, episode
+
+
+def ws_episode(url: str) -> tuple[Any, Any]:
+    ws_url = url.replace("http://", "ws://") + "/sessions/ws"
+
+    async def setup(http: Any) -> Any:
+        socket = await http.ws_connect(ws_url, max_msg_size=0)
+        await socket.send_str(json.dumps({"op": "create", "env_id": ENV_ID, "kwargs": {"horizon": HORIZON}}))
+        await socket.receive_str()
+        return socket
+
+    async def episode(socket: Any, record: Callable[[float], None]) -> None:
+        t = time.perf_counter()
+        await socket.send_str(json.dumps({"op": "reset", "seed": 0}))
+        reply = json.loads(await socket.receive_str())
+        record(time.perf_counter() - t)
+        done = False
+        while not done:
+            t = time.perf_counter()
+            await socket.send_str(json.dumps({"op": "step", "action": ACTION}))
+            reply = json.loads(await socket.receive_str())
+            record(time.perf_counter() - t)
+            if "error" in reply:
+                raise RuntimeError(reply["error"])
+            done = reply["done"]
+
+    return setup, episode
+
+
+def openenv_http_episode(url: str) -> tuple[Any, Any]:
+    """OpenEnv's plain HTTP: ``/reset`` and ``/step`` carrying the client's own ``episode_id``."""
+    import uuid
+
+    async def setup(http: Any) -> tuple[Any, str]:
+        return http, uuid.uuid4().hex
+
+    async def episode(state: tuple[Any, str], record: Callable[[float], None]) -> None:
+        http, eid = state
+        body, done = {"seed": 0, "episode_id": eid}, False
+        path = "/reset"
+        while not done:
+            t = time.perf_counter()
+            async with http.post(url + path, json=body) as r:
+                reply = await r.json()
+                if r.status != 200:
+                    raise RuntimeError(r.status)
+            record(time.perf_counter() - t)
+            done = path == "/step" and reply["done"]
+            path, body = "/step", {"action": {"message": ACTION}, "episode_id": eid}
+
+    return setup, episode
+
+
+def openenv_ws_episode(url: str) -> tuple[Any, Any]:
+    """openenv-core's own client (``GenericEnvClient``, its ``/ws`` session)."""
+    from openenv.core import GenericEnvClient
+
+    async def setup(http: Any) -> Any:
+        client = GenericEnvClient(base_url=url)
+        await client.connect()
+        return client
+
+    async def episode(client: Any, record: Callable[[float], None]) -> None:
+        t = time.perf_counter()
+        await client.reset(seed=0)
+        record(time.perf_counter() - t)
+        done = False
+        while not done:
+            t = time.perf_counter()
+            done = (await client.step({"message": ACTION})).done
+            record(time.perf_counter() - t)
+
+    return setup, episode
+
+
+EPISODES = {"http": http_episode, "ws": ws_episode, "openenv-http": openenv_http_episode,
+            "openenv-ws": openenv_ws_episode}  # fmt: skip
+
+
+def measure(url: str, clients: int, seconds: float, proto: str = "http", pid: int | None = None) -> Point:
+    setup, episode = EPISODES[proto](url)
+    before = cpu_s(pid) if pid else 0.0
+    point = asyncio.run(run_load(clients, seconds, episode, setup))
+    point.server_cpu_s = cpu_s(pid) - before if pid else 0.0  # includes the setup's session creation: small
+    return point
+
+
+def cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+# -- report --------------------------------------------------------------------------------------------------
+def row(label: str, clients: int, ours: Point, bare: Point) -> str:
+    return (
+        f"| {label} | {clients} | {bare.rate:,.0f} | {ours.rate:,.0f} | {ours.rate / bare.rate:.2f}x | "
+        f"{bare.pct(0.99):.0f} | {ours.pct(0.99):.0f} | {ours.pct(0.99) / bare.pct(0.99):.2f}x | "
+        f"{bare.cpu_us:.0f} | {ours.cpu_us:.0f} | {ours.errors} |"
+    )
+
+
+HEADER = (
+    "| endpoint | clients | bare calls/s | ours calls/s | ratio | bare p99 ms | ours p99 ms | p99 ratio | "
+    "bare server CPU us/call | ours server CPU us/call | errors |\n|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+OPENENV = ["-m", "rl_llm.integrations.openenv", "--env", ENV_ID, "-k", f"horizon={HORIZON}", "--port", "{port}",
+           "--max-sessions", "1100", "--max-episodes", "1100"]  # fmt: skip
+
+
+def bench_http(args: argparse.Namespace, proto: str) -> None:
+    """Alternate bare and ours point by point, so drift on the shared machine hits both alike. OpenEnv is
+    compared with the bare app's own routes (HTTP or WebSocket), the stack's ceiling either way."""
+    print(HEADER, flush=True)
+    ours_argv = OPENENV if proto.startswith("openenv") else [HERE, "--serve", "http", "--port", "{port}"]
+    bare_proto = proto.removeprefix("openenv-")
+    with server_process([HERE, "--serve", "bare", "--port", "{port}"]) as (bare_url, bare_pid), \
+         server_process(ours_argv) as (ours_url, ours_pid):  # fmt: skip
+        for clients in args.clients:
+            bare, ours = Point(0, 0.0, [], 0), Point(0, 0.0, [], 0)
+            for _ in range(args.rounds):
+                bare.add(measure(bare_url, clients, args.seconds / args.rounds, bare_proto, bare_pid))
+                ours.add(measure(ours_url, clients, args.seconds / args.rounds, proto, ours_pid))
+            print(row(proto, clients, ours, bare), flush=True)
+        if proto == "http":
+            import httpx
+
+            stats = httpx.get(ours_url + "/stats").json()
+            print(f"ours: {stats['inline_calls']:,} env calls inline, {stats['pool_calls']:,} on the pool, "
+                  f"{stats['inline_demotions']} demotions, {stats['overloaded']} refused with 503", flush=True)
+
+
+def bench_memory(args: argparse.Namespace) -> None:
+    import httpx
+
+    with server_process([HERE, "--serve", "http", "--port", "{port}"]) as (url, pid), httpx.Client(base_url=url) as c:
+        before = rss_mb(pid)
+        for _ in range(args.sessions // 1000):
+            ids = c.post("/sessions", json={"env_id": ENV_ID, "kwargs": {"horizon": HORIZON}, "count": 1000}).json()
+            c.post("/batch/reset", json={"items": [{"session_id": s, "seed": 0} for s in ids["session_ids"]]})
+        after = rss_mb(pid)
+        print(f"memory: {args.sessions} open bandit sessions: server RSS {before:.0f} -> {after:.0f} MB, "
+              f"{(after - before) * 1024 / args.sessions:.1f} KB per session", flush=True)  # fmt: skip
+
+
+QUERIES = ["capital city river", "who founded the company", "year the bridge opened", "largest lake in the region",
+           "author of the novel", "mountain height", "population of the town", "inventor of the device"]  # fmt: skip
+
+
+def bench_retriever(args: argparse.Namespace) -> None:
+    """The retriever server (BM25 over the bundled knowledge base, micro-batched) with one query per request,
+    against the same index searched in-process in batches of 64: the server's cost per query."""
+    from rl_llm.envs.knowledge import bundled_kb
+    from rl_llm.envs.retrieval.bm25 import BM25Retriever
+
+    retriever = BM25Retriever(bundled_kb(0).passages)
+    queries = [QUERIES[i % len(QUERIES)] + f" {i % 97}" for i in range(4096)]
+    start, done = time.perf_counter(), 0
+    while time.perf_counter() - start < args.seconds / 2:
+        retriever.search_batch(queries[done % 4096:done % 4096 + 64] or queries[:64], 3)
+        done += 64
+    direct = done / (time.perf_counter() - start)
+
+    async def setup(http: Any) -> Any:
+        return http
+
+    def retrieve(url: str) -> Any:
+        async def episode(http: Any, record: Callable[[float], None]) -> None:
+            t = time.perf_counter()
+            async with http.post(url + "/retrieve", json={"queries": [QUERIES[int(t * 1e6) % 8]], "topk": 3}) as r:
+                await r.read()
+                if r.status != 200:
+                    raise RuntimeError(r.status)
+            record(time.perf_counter() - t)
+
+        return episode
+
+    argv = ["-m", "rl_llm.envs.retrieval.server", "--bundled", "--port", "{port}"]
+    with server_process(argv, url_path="/health") as (url, _):
+        print("| retriever clients | in-process queries/s (batches of 64) | server queries/s | ratio | p50 ms | p99 ms |\n"
+              "|---|---|---|---|---|---|", flush=True)  # fmt: skip
+        for clients in [c for c in args.clients if c > 1][:2] or [64]:
+            point = asyncio.run(run_load(clients, args.seconds, retrieve(url), setup))
+            print(f"| {clients} | {direct:,.0f} | {point.rate:,.0f} | {point.rate / direct:.2f}x | "
+                  f"{point.pct(0.5):.1f} | {point.pct(0.99):.1f} |", flush=True)
+
+
+def sandbox_session(backend: str, stop: float, starts_s: list[float], steps_s: list[float]) -> None:
+    from rl_llm.sandboxes import make
+
+    t = time.perf_counter()
+    sandbox = make(backend, wall_timeout=10.0)
+    starts_s.append(time.perf_counter() - t)
+    try:
+        with sandbox.session() as shell:
+            while time.perf_counter() < stop:
+                t = time.perf_counter()
+                shell.run("echo step && ls / > /dev/null")
+                steps_s.append(time.perf_counter() - t)
+    finally:
+        sandbox.close()
+
+
+def bench_sandboxes(args: argparse.Namespace) -> None:
+    """Concurrent sandboxed sessions (bwrap, and docker where an engine answers): each of N threads starts a
+    sandbox, runs shell steps (``echo``, ``ls``) in it for the point's seconds, and closes it. Start latency
+    is measured under the start cap (rl_llm.sandboxes.factory.starts); step latency against one session
+    alone, measured in the same run: where the ratio passes 2x, the machine is full."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rl_llm.sandboxes import backend_problem
+    from rl_llm.sandboxes.factory import starts
+
+    print("| backend | sessions in flight | start p50 ms | start p99 ms | step p50 ms | step p99 ms | "
+          "step p50 vs 1 session | steps/s |\n|---|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
+    for backend in ("bwrap", "docker"):
+        problem = backend_problem(backend)
+        if problem is not None:
+            print(f"| {backend} | skipped: {problem} |", flush=True)
+            continue
+        alone = None
+        for sessions in args.sandbox_sessions:
+            starts_s: list[float] = []
+            steps_s: list[float] = []
+            stop = time.perf_counter() + args.seconds + 0.05 * sessions  # starts take their turn first
+            begin = time.perf_counter()
+            with ThreadPoolExecutor(sessions) as pool:
+                list(pool.map(lambda _, b=backend, s=stop, a=starts_s, o=steps_s: sandbox_session(b, s, a, o),
+                              range(sessions)))  # fmt: skip
+            elapsed = time.perf_counter() - begin
+            start, step = Point(0, 1, starts_s, 0), Point(len(steps_s), elapsed, steps_s, 0)
+            alone = alone or step.pct(0.5)
+            print(f"| {backend} | {sessions} | {start.pct(0.5):.0f} | {start.pct(0.99):.0f} | {step.pct(0.5):.1f} | "
+                  f"{step.pct(0.99):.1f} | {step.pct(0.5) / alone:.2f}x | {step.rate:,.0f} |", flush=True)
+    print(f"start cap: {starts.stats()}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--serve", choices=["bare", "http"], help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--seconds", type=float, default=4.0, help="seconds per point (default 4)")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 64, 256, 1000])
+    parser.add_argument("--rounds", type=int, default=2, help="alternate bare/ours this many times per point")
+    parser.add_argument("--sessions", type=int, default=10000, help="open sessions for the memory figure")
+    parts = ["http", "ws", "openenv-http", "openenv-ws", "memory", "retriever", "sandboxes"]
+    parser.add_argument("--sandbox-sessions", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--only", nargs="+", default=parts, choices=parts)
+    args = parser.parse_args()
+    if args.serve:
+        return serve(args.serve, args.port)
+    print(f"serving benchmark: {os.cpu_count()} CPUs, {args.seconds:g} s per point, {ENV_ID} horizon {HORIZON}")
+    for proto in ("http", "ws", "openenv-http", "openenv-ws"):
+        if proto in args.only:
+            bench_http(args, proto)
+    if "memory" in args.only:
+        bench_memory(args)
+    if "retriever" in args.only:
+        bench_retriever(args)
+    if "sandboxes" in args.only:
+        bench_sandboxes(args)
+
+
+if __name__ == "__main__":
+    main()

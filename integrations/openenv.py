@@ -1,0 +1,363 @@
+"""Serve any rl-llm environment as an OpenEnv environment, with openenv-core's own server (``create_app``).
+
+OpenEnv (``pip install openenv-core``, or ``pip install 'rl-llm[openenv]'``) is the environment protocol TRL,
+torchforge, SkyRL, Unsloth, verifiers and others consume: ``POST /reset``, ``POST /step``, ``GET /state``,
+``GET /schema`` and the session WebSocket ``/ws``. Run::
+
+    python -m rl_llm.integrations.openenv --env rl-llm/TicTacToe-v0 -k opponent=minimax --port 8000
+    python -m rl_llm.integrations.openenv --env social/prisoners_dilemma_v0 -k opponent=tit_for_tat
+
+and drive it with openenv-core's ``GenericEnvClient`` (or any typed ``EnvClient``)::
+
+    from openenv.core import GenericEnvClient
+    with GenericEnvClient(base_url="http://localhost:8000").sync() as env:
+        result = env.reset(seed=3)                       # result.observation["text"], ["system_prompt"]
+        result = env.step({"message": "<move>B2</move>"})
+        result.reward, result.done, result.observation["info"]["reward_components"]
+
+The action is ``{"message": str}``: the text of one LLM turn, as in OpenEnv's TextArena env (a social game
+served without a baseline opponent also takes ``opponent_message``, the other seat's turn). The observation
+holds ``text`` (the env's reply), ``system_prompt``, ``task_id``, ``stop`` and ``info`` (rl-llm's step info:
+``reward_components``, ``metrics``, ``invalid_action``, ``terminated``, ``truncated``...); ``reward`` and
+``done`` are OpenEnv's own fields. ``reset`` takes ``seed``, ``episode_id`` and ``options`` (the env's reset
+options, e.g. ``{"task_index": 3}``).
+
+Sessions: each WebSocket connection owns one env, isolated from the others (``--max-sessions`` bounds them).
+OpenEnv's plain-HTTP ``/reset`` and ``/step`` build a fresh env per request; to play a whole episode over
+plain HTTP, pass an ``episode_id`` to ``/reset`` and the same ``episode_id`` to every ``/step`` (OpenEnv's
+step request accepts extra fields): the episode is kept server-side until it ends, or for ``episode_ttl_s``.
+
+Bad input is a 4xx and leaves the session usable: a malformed action 422 (OpenEnv's validation), bad reset
+options 400, an unknown ``episode_id`` 404, stepping an ended episode or a busy one 409. Over the WebSocket
+the same errors come back as OpenEnv error messages and the connection stays open.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+from fastapi import HTTPException
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
+from pydantic import Field
+
+from rl_llm.envs.base import MAX_TEXT_LENGTH
+from rl_llm.integrations.generic import jsonable, step_info
+from rl_llm.integrations.inline_calls import InlinePolicy, timed
+from rl_llm.integrations.social_seat import SocialSeat, make_env
+
+
+# -- OpenEnv wire types ---------------------------------------------------------------------------------------
+class RLLMAction(Action):
+    """One LLM turn."""
+
+    message: str = Field(max_length=MAX_TEXT_LENGTH, description="the text of one LLM turn")
+    opponent_message: str | None = Field(
+        None, max_length=MAX_TEXT_LENGTH,
+        description="social games served without a baseline opponent: the other seat's turn",
+    )  # fmt: skip
+
+
+class RLLMObservation(Observation):
+    """The env's reply; ``reward`` and ``done`` are OpenEnv's base fields."""
+
+    text: str = Field("", description="the env's observation text (empty once the episode is over)")
+    system_prompt: str = Field("", description="the env's system prompt for this episode")
+    task_id: str | None = Field(None, description="the episode's task id")
+    stop: list[str] = Field(default_factory=list, description="stop strings a generator should use")
+    info: dict[str, Any] = Field(default_factory=dict, description="rl-llm's reset/step info (JSON-safe)")
+
+
+class RLLMState(State):
+    env_id: str = ""
+    task_id: str | None = None
+    done: bool = True
+    total_reward: float = 0.0
+
+
+# -- episodes kept for plain HTTP ----------------------------------------------------------------------------
+@dataclass
+class Episode:
+    env: gym.Env
+    env_id: str
+    task_id: str | None = None
+    system_prompt: str = ""
+    stop: list[str] = field(default_factory=list)
+    done: bool = False
+    steps: int = 0
+    total_reward: float = 0.0
+    last_used: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class EpisodeStore:
+    """Episodes addressed by ``episode_id`` across stateless HTTP requests; bounded in count and idle time.
+
+    Envs of evicted or replaced episodes are closed here; an ended episode stays until evicted so ``/state``
+    and a late duplicate step still get an answer.
+    """
+
+    def __init__(self, max_episodes: int = 256, ttl_s: float = 600.0) -> None:
+        self.max_episodes, self.ttl_s = max_episodes, ttl_s
+        self._episodes: OrderedDict[str, Episode] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, episode_id: str, episode: Episode) -> None:
+        with self._lock:
+            old = self._episodes.pop(episode_id, None)
+            self._episodes[episode_id] = episode
+            evicted = self._expire_locked()
+        for stale in ([old] if old is not None and old.env is not episode.env else []) + evicted:
+            _close_quietly(stale.env)
+
+    def get(self, episode_id: str) -> Episode:
+        with self._lock:
+            evicted = self._expire_locked()
+            episode = self._episodes.get(episode_id)
+            if episode is not None:
+                self._episodes.move_to_end(episode_id)
+                episode.last_used = time.monotonic()
+        for stale in evicted:
+            _close_quietly(stale.env)
+        if episode is None:
+            raise HTTPException(404, f"unknown episode_id {episode_id!r} (expired, evicted or never reset)")
+        return episode
+
+    def owns(self, env: gym.Env) -> bool:
+        with self._lock:
+            return any(episode.env is env for episode in self._episodes.values())
+
+    def _expire_locked(self) -> list[Episode]:
+        # The dict is in least-recently-used order (``put`` appends, ``get`` moves to the end), so only its front
+        # can be over the count or the TTL: stop at the first episode that is neither. Scanning all of them on
+        # every request made a call cost O(episodes) (docs/serving.md#measurements).
+        now, evicted = time.monotonic(), []
+        for _ in range(len(self._episodes)):
+            episode_id, episode = next(iter(self._episodes.items()))
+            if len(self._episodes) <= self.max_episodes and now - episode.last_used <= self.ttl_s:
+                break
+            if episode.lock.locked():  # mid-step: keep it, as most recently used
+                self._episodes.move_to_end(episode_id)
+                continue
+            evicted.append(self._episodes.pop(episode_id))
+        return evicted
+
+    def close(self) -> None:
+        with self._lock:
+            episodes, self._episodes = list(self._episodes.values()), OrderedDict()
+        for episode in episodes:
+            _close_quietly(episode.env)
+
+
+def _close_quietly(env: gym.Env) -> None:
+    # A failing close must not take a request (or the server's shutdown) down with it.
+    with contextlib.suppress(Exception):
+        env.close()
+
+
+# -- the OpenEnv Environment -----------------------------------------------------------------------------------
+class RLLMEnvironment(Environment[RLLMAction, RLLMObservation, RLLMState]):
+    """One OpenEnv session around one rl-llm env (built lazily, on the first reset that needs it)."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True  # every session builds its own env; nothing mutable is shared
+
+    def __init__(
+        self, env_id: str, env_kwargs: dict[str, Any] | None = None, store: EpisodeStore | None = None,
+        inline: InlinePolicy | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
+        self.store = store or EpisodeStore()
+        self.inline = inline or InlinePolicy()
+        self._env: gym.Env | None = None
+        self._episode: Episode | None = None
+
+    # reset(seed, episode_id, **kwargs) / step(action, timeout_s, **kwargs): OpenEnv passes only the request
+    # fields these signatures name, so ``options`` and ``episode_id`` reach us from /reset, /step and /ws.
+    def reset(self, seed: int | None = None, episode_id: str | None = None, options: dict[str, Any] | None = None,
+              **_: Any) -> RLLMObservation:  # fmt: skip
+        if options is not None and not isinstance(options, dict):
+            raise HTTPException(400, f"options must be a JSON object, got {type(options).__name__}")
+        if self._env is None:
+            self._env = self._build()
+        try:
+            text, info = self._env.reset(seed=seed, options=options)
+        except (ValueError, TypeError, KeyError) as error:
+            raise HTTPException(400, f"reset rejected: {error}") from None
+        self._episode = Episode(
+            self._env, self.env_id, task_id=info.get("task_id"), system_prompt=str(info.get("system_prompt", "")),
+            stop=[str(s) for s in info.get("stop", [])],
+        )  # fmt: skip
+        if episode_id is not None:
+            self.store.put(episode_id, self._episode)
+            self._env = None  # the store owns it now; a later reset of this session builds a fresh env
+        return RLLMObservation(
+            text=str(text), system_prompt=self._episode.system_prompt, task_id=self._episode.task_id,
+            stop=self._episode.stop, info=jsonable(info), done=False, reward=None,
+        )  # fmt: skip
+
+    def step(self, action: RLLMAction, timeout_s: float | None = None, episode_id: str | None = None,
+             **_: Any) -> RLLMObservation:  # fmt: skip
+        episode = self.store.get(episode_id) if episode_id is not None else self._episode
+        if episode is None:
+            raise HTTPException(409, "no episode running: reset first (over plain HTTP, pass the same episode_id to "
+                                     "/reset and /step, or use the WebSocket /ws)")  # fmt: skip
+        if not episode.lock.acquire(blocking=False):
+            raise HTTPException(409, "this episode is busy with another step")
+        try:
+            if episode.done:
+                raise HTTPException(409, "the episode has ended; reset to start another")
+            extra = {}
+            if action.opponent_message is not None:
+                if not isinstance(episode.env.unwrapped, SocialSeat):
+                    raise HTTPException(
+                        400, "opponent_message is only for social games (env ids social/<game>)"
+                    )
+                extra["opponent_action"] = action.opponent_message
+            return self._step(episode, action.message, **extra)
+        finally:
+            episode.lock.release()
+
+    # OpenEnv awaits these on its event loop when an env defines them (instead of a thread hop per call): a
+    # call kind proven cheap runs inline, watched; the rest go to a worker (docs/serving.md#inline-calls).
+    async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
+                          options: dict[str, Any] | None = None, **_: Any) -> RLLMObservation:  # fmt: skip
+        return await self._run("reset", lambda: self.reset(seed=seed, episode_id=episode_id, options=options))
+
+    async def step_async(self, action: RLLMAction, timeout_s: float | None = None, episode_id: str | None = None,
+                         **_: Any) -> RLLMObservation:  # fmt: skip
+        return await self._run("step", lambda: self.step(action, timeout_s=timeout_s, episode_id=episode_id))
+
+    async def _run(self, what: str, fn: Callable[[], RLLMObservation]) -> RLLMObservation:
+        kind = (self.env_id, what)
+        if self.inline.inline(kind):
+            return self.inline.run(kind, f"openenv {what}", fn)[0]
+        result, elapsed, cpu = await asyncio.to_thread(timed, fn)
+        self.inline.pooled(kind, elapsed, cpu)
+        return result
+
+    def _step(self, episode: Episode, message: str, **extra: Any) -> RLLMObservation:
+        try:
+            text, reward, terminated, truncated, info = episode.env.step(message, **extra)
+        except (ValueError, TypeError) as error:
+            raise HTTPException(400, f"step rejected: {error}") from None
+        episode.done = bool(terminated or truncated)
+        episode.steps += 1
+        episode.total_reward += float(reward)
+        episode.last_used = time.monotonic()
+        return RLLMObservation(
+            text=str(text), system_prompt=episode.system_prompt, task_id=episode.task_id, stop=episode.stop,
+            info={"task_id": episode.task_id, **step_info(bool(terminated), bool(truncated), info)},
+            done=episode.done, reward=float(reward),
+        )  # fmt: skip
+
+    @property
+    def state(self) -> RLLMState:
+        episode = self._episode
+        if episode is None:
+            return RLLMState(env_id=self.env_id)
+        return RLLMState(
+            env_id=self.env_id, task_id=episode.task_id, done=episode.done, total_reward=episode.total_reward,
+            step_count=episode.steps,
+        )  # fmt: skip
+
+    def get_metadata(self) -> EnvironmentMetadata:
+        return EnvironmentMetadata(
+            name=self.env_id, description=f"rl-llm environment {self.env_id} with kwargs {self.env_kwargs}",
+            version="0", author="rl-llm",
+        )  # fmt: skip
+
+    def close(self) -> None:
+        # OpenEnv closes the env after every plain-HTTP request: an episode parked in the store lives on.
+        if self._env is not None and not self.store.owns(self._env):
+            _close_quietly(self._env)
+        self._env = None
+
+    def _build(self) -> gym.Env:
+        try:
+            return make_env(self.env_id, **self.env_kwargs)
+        except (ValueError, TypeError) as error:
+            raise HTTPException(
+                400, f"cannot build {self.env_id} with kwargs {self.env_kwargs}: {error}"
+            ) from None
+
+
+def environment_factory(env_id: str, env_kwargs: dict[str, Any] | None = None,
+                        store: EpisodeStore | None = None) -> Callable[[], RLLMEnvironment]:  # fmt: skip
+    """The factory ``create_app`` calls once per session and per plain-HTTP request (all share one store and
+    one inline policy)."""
+    shared, inline = store or EpisodeStore(), InlinePolicy()
+
+    def factory() -> RLLMEnvironment:
+        return RLLMEnvironment(env_id, env_kwargs, shared, inline)
+
+    return factory
+
+
+def create_openenv_app(env_id: str, env_kwargs: dict[str, Any] | None = None, max_sessions: int = 64,
+                       max_episodes: int = 256, episode_ttl_s: float = 600.0) -> Any:  # fmt: skip
+    """openenv-core's ``create_app`` serving ``env_id``; the env is built once here so a bad id or kwargs fail now."""
+    from openenv.core.env_server.http_server import create_app
+
+    make_env(env_id, **dict(env_kwargs or {})).close()
+    store = EpisodeStore(max_episodes, episode_ttl_s)
+    app = create_app(
+        environment_factory(env_id, env_kwargs, store), RLLMAction, RLLMObservation,
+        env_name=env_id, max_concurrent_envs=max_sessions,
+    )  # fmt: skip
+    app.router.on_shutdown.append(store.close)
+    return app
+
+
+def parse_kwargs(pairs: list[str]) -> dict[str, Any]:
+    """``["opponent=minimax", "max_turns=5"]`` -> ``{"opponent": "minimax", "max_turns": 5}`` (values as JSON
+    when they parse, else strings)."""
+    kwargs: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"-k takes key=value, got {pair!r}")
+        try:
+            kwargs[key] = json.loads(value)
+        except json.JSONDecodeError:
+            kwargs[key] = value
+    return kwargs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Serve one rl-llm environment with OpenEnv's server.")
+    parser.add_argument(
+        "--env", required=True, help="rl-llm/<Name>-v0, or social/<game> for one seat of a social game"
+    )
+    parser.add_argument(
+        "-k", "--kwarg", action="append", default=[], help="env keyword argument key=value (repeatable)"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-sessions", type=int, default=64, help="concurrent WebSocket sessions")
+    parser.add_argument(
+        "--episode-ttl-s", type=float, default=600.0, help="idle life of a plain-HTTP episode"
+    )
+    parser.add_argument("--max-episodes", type=int, default=256, help="plain-HTTP episodes kept at once")
+    parser.add_argument("--access-log", action="store_true", help="log every request (costs a fifth of a cheap call)")
+    args = parser.parse_args(argv)
+    import uvicorn
+
+    app = create_openenv_app(
+        args.env, parse_kwargs(args.kwarg), args.max_sessions, args.max_episodes, args.episode_ttl_s
+    )
+    uvicorn.run(app, host=args.host, port=args.port, access_log=args.access_log)
+
+
+if __name__ == "__main__":
+    main()

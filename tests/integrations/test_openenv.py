@@ -1,0 +1,193 @@
+"""rl-llm envs served by openenv-core's own ``create_app`` on a real uvicorn server, driven by openenv-core's
+unmodified ``GenericEnvClient`` (WebSocket sessions, from http:// and ws:// base URLs) and by plain HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.extras import import_extra
+
+import_extra("openenv.core", "openenv", "openenv-core: pip install 'rl-llm[openenv]'")  # fails where CI installed it
+import_extra("uvicorn", "openenv", "uvicorn: pip install 'rl-llm[openenv]'")
+
+from openenv.core import GenericEnvClient  # noqa: E402
+
+from rl_llm.integrations.http_server import BackgroundServer  # noqa: E402
+from rl_llm.integrations.openenv import create_openenv_app, parse_kwargs  # noqa: E402
+
+TTT = "rl-llm/TicTacToe-v0"
+
+
+@pytest.fixture(scope="module")
+def ttt_url() -> Iterator[str]:
+    with BackgroundServer(create_openenv_app(TTT, {"opponent": "minimax"}, max_sessions=4)) as server:
+        yield server.url
+
+
+@pytest.mark.parametrize("scheme", ["http", "ws"])
+def test_generic_client_plays_an_episode(ttt_url: str, scheme: str) -> None:
+    url = ttt_url.replace("http", scheme, 1)
+    with GenericEnvClient(base_url=url).sync() as env:
+        result = env.reset(seed=3)
+        observation = result.observation
+        assert not result.done and result.reward is None
+        assert observation["text"] and "tic-tac-toe" in observation["system_prompt"].lower()
+        assert observation["task_id"] and observation["info"]["task_id"] == observation["task_id"]
+        for move in ("A1", "A2", "A3", "B1", "B2", "B3", "C1", "C2", "C3"):
+            result = env.step({"message": f"<move>{move}</move>"})
+            info = result.observation["info"]
+            assert set(info) >= {"reward_components", "metrics", "invalid_action", "terminated", "truncated"}
+            assert result.reward == pytest.approx(sum(info["reward_components"].values()))
+            if result.done:
+                break
+        assert result.done and result.observation["text"] == ""
+        assert result.reward <= 0.0  # minimax never loses
+        state = env.state()
+        assert state["done"] and state["env_id"] == TTT and state["step_count"] >= 3
+
+
+def test_bad_input_is_an_error_not_a_dead_session(ttt_url: str) -> None:
+    with GenericEnvClient(base_url=ttt_url).sync() as env:
+        with pytest.raises(RuntimeError, match="no episode running"):
+            env.step({"message": "<move>B2</move>"})
+        env.reset(seed=1)
+        with pytest.raises(RuntimeError, match=r"VALIDATION_ERROR|validation"):
+            env.step({"msg": "<move>B2</move>"})
+        with pytest.raises(RuntimeError, match="options must be a JSON object"):
+            env.reset(seed=1, options=[1, 2])
+        result = env.reset(seed=1)  # the same connection still plays
+        result = env.step({"message": "no move here"})
+        assert result.observation["info"]["invalid_action"] and not result.done
+
+
+def test_concurrent_sessions_are_isolated(ttt_url: str) -> None:
+    with (
+        GenericEnvClient(base_url=ttt_url).sync() as first,
+        GenericEnvClient(base_url=ttt_url).sync() as second,
+    ):
+        first.reset(seed=5)
+        second.reset(seed=5)
+        a = first.step({"message": "<move>A1</move>"}).observation["text"]
+        b = second.step({"message": "<move>C3</move>"}).observation["text"]
+        assert a != b
+        assert first.state()["step_count"] == 1 and second.state()["step_count"] == 1
+        first.step({"message": "<move>xx</move>"})
+        assert first.state()["step_count"] == 2 and second.state()["step_count"] == 1
+
+
+def test_plain_http_endpoints(ttt_url: str) -> None:
+    with httpx.Client(base_url=ttt_url, timeout=60) as http:
+        schema = http.get("/schema").json()
+        assert "message" in schema["action"]["properties"] and "info" in schema["observation"]["properties"]
+        assert http.get("/health").status_code == 200
+        # Stateless by OpenEnv's design: a step with no episode is a 409, a malformed action a 422.
+        assert http.post("/step", json={"action": {"message": "<move>B2</move>"}}).status_code == 409
+        assert http.post("/step", json={"action": {"text": "B2"}}).status_code == 422
+        assert http.post("/reset", json={"options": "not a dict"}).status_code == 400
+        # A whole episode over plain HTTP through episode_id.
+        reset = http.post("/reset", json={"seed": 2, "episode_id": "ep-1"})
+        assert reset.status_code == 200 and reset.json()["observation"]["text"]
+        assert http.post("/step", json={"action": {"message": "hi"}, "episode_id": "nope"}).status_code == 404
+        done, steps = False, 0
+        for move in ("A1", "A2", "A3", "B1", "B2", "B3", "C1", "C2", "C3"):
+            reply = http.post(
+                "/step", json={"action": {"message": f"<move>{move}</move>"}, "episode_id": "ep-1"}
+            )
+            assert reply.status_code == 200, reply.text
+            body, steps = reply.json(), steps + 1
+            if body["done"]:
+                done = True
+                break
+        assert done and isinstance(body["reward"], float)
+        again = http.post("/step", json={"action": {"message": "<move>A1</move>"}, "episode_id": "ep-1"})
+        assert again.status_code == 409
+
+
+def test_social_game_one_seat_per_connection() -> None:
+    app = create_openenv_app("social/prisoners_dilemma_v0", {"opponent": "tit_for_tat"}, max_sessions=2)
+    with BackgroundServer(app) as server, GenericEnvClient(base_url=server.url).sync() as env:
+        result = env.reset(seed=0)
+        assert "<A>" in result.observation["text"]
+        rewards = []
+        while not result.done:
+            result = env.step({"message": "<B>"})
+            rewards.append(result.reward)
+        # Always defecting against tit-for-tat: the temptation payoff once, then mutual defection.
+        assert rewards[0] > rewards[1] and len(set(rewards[1:])) == 1
+        assert result.observation["info"]["metrics"]["return"] == pytest.approx(sum(rewards))
+    # No baseline: the client plays both seats.
+    given = create_openenv_app("social/stag_hunt_v0", max_sessions=2)
+    with BackgroundServer(given) as server, GenericEnvClient(base_url=server.url).sync() as env:
+        env.reset(seed=0)
+        with pytest.raises(RuntimeError, match="opponent_action"):
+            env.step({"message": "<A>"})
+        both_stag = env.step({"message": "<A>", "opponent_message": "<A>"}).reward
+        env.reset(seed=0)
+        alone = env.step({"message": "<A>", "opponent_message": "<B>"}).reward
+        assert both_stag > alone
+
+
+def test_bad_env_or_kwargs_fail_at_startup() -> None:
+    with pytest.raises(ValueError, match="unknown environment"):
+        create_openenv_app("rl-llm/Nope-v0")
+    with pytest.raises(ValueError, match="opponent"):
+        create_openenv_app("social/chicken_v0", {"opponent": "nobody"})
+    assert parse_kwargs(["opponent=minimax", "max_turns=5", "x=[1]"]) == {
+        "opponent": "minimax",
+        "max_turns": 5,
+        "x": [1],
+    }
+
+
+def test_episode_store_evicts_and_closes() -> None:
+    import gymnasium as gym
+    from fastapi import HTTPException
+
+    from rl_llm.integrations.openenv import Episode, EpisodeStore
+
+    closed: list[str] = []
+
+    class Recorder(gym.Wrapper):
+        def close(self) -> None:
+            closed.append(self.spec_name)
+            super().close()
+
+    def env(name: str) -> gym.Env:
+        wrapped = Recorder(gym.make("rl-llm/MultiArmedBandit-v0"))
+        wrapped.spec_name = name
+        return wrapped
+
+    store = EpisodeStore(max_episodes=1, ttl_s=600)
+    store.put("a", Episode(env("a"), "bandit"))
+    store.put("b", Episode(env("b"), "bandit"))  # over the bound: the least recently used goes, closed
+    assert closed == ["a"] and store.get("b").env_id == "bandit"
+    with pytest.raises(HTTPException) as error:
+        store.get("a")
+    assert error.value.status_code == 404
+    store.put("b", Episode(env("b2"), "bandit"))  # a new episode under the same id replaces (and closes) the old
+    assert closed == ["a", "b"]
+    store.close()
+    assert closed == ["a", "b", "b2"]
+
+
+def test_openenv_steps_go_inline_once_cheap_and_match_the_pooled_ones() -> None:
+    import asyncio
+
+    from rl_llm.integrations.inline_calls import InlinePolicy
+    from rl_llm.integrations.openenv import RLLMAction, RLLMEnvironment
+
+    policy = InlinePolicy(promote_after=4)
+    pooled_env, inline_env = (RLLMEnvironment("rl-llm/MultiArmedBandit-v0", {"horizon": 30}, inline=p)
+                              for p in (InlinePolicy(budget_s=0), policy))  # fmt: skip
+
+    async def play(env: RLLMEnvironment) -> list[tuple[str, float | None, bool]]:
+        first = await env.reset_async(seed=3)
+        steps = [await env.step_async(RLLMAction(message=f"<action>{'ABCDE'[i % 5]}</action>")) for i in range(12)]
+        return [(o.text, o.reward, o.done) for o in [first, *steps]]
+
+    assert asyncio.run(play(inline_env)) == asyncio.run(play(pooled_env))
+    assert policy.inline(("rl-llm/MultiArmedBandit-v0", "step"))  # 12 cheap steps: the later ones ran inline
+    assert not policy.inline(("rl-llm/MultiArmedBandit-v0", "reset"))  # one reset is no streak

@@ -1,0 +1,185 @@
+"""Serving at scale: the WebSocket session endpoint, inline env calls and their watchdog, back-pressure."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+pytest.importorskip("websockets")
+
+from websockets.sync import client as websockets_sync
+
+from rl_llm.envs.base import Outcome, Task, TextEnv
+from rl_llm.integrations.generic import EnvFactory
+from rl_llm.integrations.http_server import BackgroundServer, EnvServer, ServerConfig
+from rl_llm.integrations.inline_calls import InlinePolicy
+from tests.integrations.test_http_server import BANDIT, HANG, TTT, serve, wait_until
+
+SLOW = "test/Slow-v0"
+
+
+class SlowEnv(TextEnv):
+    """Steps take as many seconds as the action says (``"0.05"``), or none for any other text."""
+
+    def __init__(self) -> None:
+        super().__init__(max_turns=1000)
+
+    def _reset(self, options: dict[str, Any]) -> Task:
+        return Task("say a duration", "slow-0", "test env")
+
+    def _step(self, action: str) -> Outcome:
+        if action == "nan":  # a reward strict JSON cannot write
+            return Outcome("not a number", {"slept": float("nan")})
+        with contextlib.suppress(ValueError):  # any other text: no sleep
+            time.sleep(float(action))
+        return Outcome(f"slept {action}", {"slept": 1.0})
+
+
+def ws_call(socket: Any, **message: Any) -> dict[str, Any]:
+    socket.send(json.dumps(message))
+    return json.loads(socket.recv(timeout=30))
+
+
+def test_a_websocket_session_plays_like_a_local_env_and_errors_keep_the_connection() -> None:
+    with serve() as served:
+        url = served.url.replace("http://", "ws://") + "/sessions/ws"
+        local = EnvFactory(TTT, opponent="minimax")()
+        with websockets_sync.connect(url) as socket:
+            assert ws_call(socket, op="step", action="x")["error"]["status"] == 409  # no session yet
+            session_id = ws_call(socket, op="create", env_id=TTT, kwargs={"opponent": "minimax"})["session_id"]
+            assert ws_call(socket, op="create", env_id=TTT)["error"]["status"] == 409  # one per connection
+            assert ws_call(socket, op="step", action="<move>B2</move>")["error"]["status"] == 409  # not reset
+            assert ws_call(socket, op="reset", seed="three")["error"]["status"] == 422
+            assert ws_call(socket, op="jump")["error"]["status"] == 422
+            socket.send("{not json")
+            assert json.loads(socket.recv(timeout=30))["error"]["status"] == 422
+            assert ws_call(socket, op="reset", seed=5)["observation"] == local.reset(seed=5)[0]
+            for move in ("<move>B2</move>", "nonsense", "<move>A1</move>"):
+                reply, expected = ws_call(socket, op="step", action=move), local.step(move)
+                assert (reply["observation"], reply["reward"], reply["terminated"]) == expected[:3]
+                if reply["done"]:
+                    break
+            assert ws_call(socket, op="close") == {"session_id": session_id, "closed": True}
+        assert wait_until(served.ledger.all_closed_once)
+
+
+def test_a_dropped_websocket_closes_the_session_it_created_but_not_one_it_attached_to() -> None:
+    with serve() as served:
+        url = served.url.replace("http://", "ws://") + "/sessions/ws"
+        kept = served.client.create(BANDIT)[0]
+        with websockets_sync.connect(url) as socket:
+            ws_call(socket, op="create", env_id=BANDIT)
+            assert served.server.snapshot()["live_sessions"] == 2
+        with websockets_sync.connect(url) as socket:
+            assert ws_call(socket, op="attach", session_id=kept) == {"session_id": kept}
+            assert "observation" in ws_call(socket, op="reset", seed=0)
+        assert wait_until(lambda: served.server.snapshot()["live_sessions"] == 1)
+        assert served.client.reset(kept, seed=1)[0]  # the attached session outlived its connection
+
+
+def test_inline_policy_promotes_after_a_fast_streak_and_demotes_a_slow_kind_for_longer() -> None:
+    policy = InlinePolicy(budget_s=0.001, promote_after=4, max_demotions=2)
+    kind = ("env", "step")
+    for _ in range(3):
+        policy.pooled(kind, 0.0001)
+    policy.pooled(kind, 0.01)  # a slow call breaks the streak
+    assert not policy.inline(kind)
+    for _ in range(4):
+        policy.pooled(kind, 0.0001)
+    assert policy.inline(kind)
+    policy.ran_inline(kind, 0.005)  # slower than the budget but not 10x: stays inline
+    policy.ran_inline(kind, 0.02)  # one slow call (a preempted thread, say) is one strike, not a demotion
+    for _ in range(64):
+        policy.ran_inline(kind, 0.0001)  # 64 fast calls wear off two strikes
+    policy.ran_inline(kind, 0.02)
+    policy.ran_inline(kind, 0.02)
+    assert policy.inline(kind)
+    policy.ran_inline(kind, 0.02)
+    assert not policy.inline(kind) and policy.demotions == 1
+    for _ in range(7):
+        policy.pooled(kind, 0.0001)
+    assert not policy.inline(kind)  # now it takes twice the streak
+    policy.pooled(kind, 0.0001)
+    assert policy.inline(kind)
+    for _ in range(3):
+        policy.ran_inline(kind, 0.02)
+    for _ in range(100):
+        policy.pooled(kind, 0.0001)
+    assert not policy.inline(kind)  # max_demotions reached: the pool for good
+    assert not InlinePolicy(budget_s=0).inline(kind)
+
+
+def make_slow(env_id: str, kwargs: dict[str, Any]) -> Any:
+    return SlowEnv() if env_id == SLOW else EnvFactory(env_id, **kwargs)()
+
+
+def test_cheap_steps_go_inline_and_a_slow_one_is_caught_by_the_watchdog(caplog: pytest.LogCaptureFixture) -> None:
+    server = EnvServer(ServerConfig(allowed_env_ids=frozenset({SLOW})), make_env=make_slow)
+    server.inline_policy.warn_after_s = 0.2
+    with BackgroundServer(server.app) as background, httpx.Client(base_url=background.url, timeout=30) as http:
+        sid = http.post("/sessions", json={"env_id": SLOW}).json()["session_ids"][0]
+        http.post(f"/sessions/{sid}/reset", json={})
+        for _ in range(server.inline_policy.promote_after + 4):
+            assert http.post(f"/sessions/{sid}/step", json={"action": "fast"}).status_code == 200
+        stats = http.get("/stats").json()
+        assert stats["inline_calls"] == 4 and stats["inline_demotions"] == 0
+        with caplog.at_level(logging.WARNING, logger="rl_llm.integrations.env_server"):
+            assert http.post(f"/sessions/{sid}/step", json={"action": "0.5"}).json()["observation"] == "slept 0.5"
+        assert sid in caplog.text and "blocked the event loop" in caplog.text
+        http.post(f"/sessions/{sid}/step", json={"action": "fast"})
+        stats = http.get("/stats").json()
+        assert stats["inline_demotions"] == 1 and stats["inline_calls"] == 5  # the fast step went to the pool
+        assert stats["pool_calls"] == 1 + server.inline_policy.promote_after + 1
+
+
+def test_a_full_queue_answers_503_with_retry_after_and_max_sessions_429_too() -> None:
+    with serve(max_workers=1, max_queued=1, max_sessions=3) as served:
+        client, url = served.client, served.url
+        hung, other = client.make(HANG), client.make(HANG)
+        hung.reset()
+        other.reset()
+        threading.Thread(target=lambda: httpx.post(f"{url}/sessions/{hung.session_id}/step", json={"action": "hang"},
+                                                   timeout=60), daemon=True).start()  # fmt: skip
+        assert wait_until(lambda: served.server.snapshot()["queued"] == 1)
+        response = httpx.post(f"{url}/sessions/{other.session_id}/step", json={"action": "x"})
+        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        assert "busy" in response.json()["detail"]
+        served.ledger.release.set()
+        assert wait_until(lambda: served.server.snapshot()["queued"] == 0)
+        assert other.step("x")[0] == "echo x"  # back to normal once the queue drains
+        response = httpx.post(f"{url}/sessions", json={"env_id": TTT, "count": 2})
+        assert response.status_code == 429 and response.headers["retry-after"] == "1"
+
+
+def test_a_nan_reward_comes_back_as_strict_json_null() -> None:
+    server = EnvServer(ServerConfig(allowed_env_ids=frozenset({SLOW})), make_env=make_slow)
+    with BackgroundServer(server.app) as background, httpx.Client(base_url=background.url, timeout=30) as http:
+        sid = http.post("/sessions", json={"env_id": SLOW}).json()["session_ids"][0]
+        http.post(f"/sessions/{sid}/reset", json={})
+        response = http.post(f"/sessions/{sid}/step", json={"action": "nan"})
+        assert response.status_code == 200 and "NaN" not in response.text
+        body = json.loads(response.text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+        assert body["observation"] == "not a number" and body["reward"] is None
+
+
+def test_the_client_waits_out_a_503_as_retry_after_says_then_succeeds() -> None:
+    with serve(max_workers=1, max_queued=1) as served:
+        client, url = served.client, served.url
+        hung, other = client.make(HANG), client.make(HANG)
+        hung.reset()
+        other.reset()
+        threading.Thread(target=lambda: httpx.post(f"{url}/sessions/{hung.session_id}/step", json={"action": "hang"},
+                                                   timeout=60), daemon=True).start()  # fmt: skip
+        assert wait_until(lambda: served.server.snapshot()["queued"] == 1)
+        threading.Timer(0.3, served.ledger.release.set).start()  # the queue drains while the client waits
+        assert other.step("x")[0] == "echo x"
+        assert served.server.snapshot()["overloaded"] >= 1  # it was refused first, then retried
