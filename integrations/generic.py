@@ -13,6 +13,7 @@ actors and HTTP requests; every worker builds its own env from it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,22 @@ MessageDict = dict[str, str]
 #: What ``MessageEnv.reset`` accepts: None (unseeded), a seed, or ``{"seed", "options", "task_index"}``.
 TaskSpec = int | Mapping[str, Any] | None
 TASK_KEYS = frozenset({"seed", "options", "task_index"})
+
+
+def parse_kwarg_pairs(pairs: Sequence[str]) -> dict[str, Any]:
+    """``-k key=value`` pairs of the servers' and packagers' command lines -> env kwargs: ``["opponent=minimax",
+    "max_turns=5"]`` -> ``{"opponent": "minimax", "max_turns": 5}`` (values as JSON when they parse, else
+    strings). A pair without ``=`` or key is a ValueError."""
+    kwargs: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"-k takes key=value, got {pair!r}")
+        try:
+            kwargs[key] = json.loads(value)
+        except json.JSONDecodeError:
+            kwargs[key] = value
+    return kwargs
 
 
 def parse_task(task: TaskSpec) -> tuple[int | None, dict[str, Any]]:

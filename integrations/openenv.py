@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import threading
 import time
 from collections import OrderedDict
@@ -52,7 +51,7 @@ from openenv.core.env_server.types import Action, EnvironmentMetadata, Observati
 from pydantic import Field
 
 from rl_llm.envs.base import MAX_TEXT_LENGTH
-from rl_llm.integrations.generic import jsonable, step_info
+from rl_llm.integrations.generic import jsonable, parse_kwarg_pairs, step_info
 from rl_llm.integrations.inline_calls import InlinePolicy, timed
 from rl_llm.integrations.social_seat import SocialSeat, make_env
 
@@ -322,16 +321,10 @@ def create_openenv_app(env_id: str, env_kwargs: dict[str, Any] | None = None, ma
 def parse_kwargs(pairs: list[str]) -> dict[str, Any]:
     """``["opponent=minimax", "max_turns=5"]`` -> ``{"opponent": "minimax", "max_turns": 5}`` (values as JSON
     when they parse, else strings)."""
-    kwargs: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"-k takes key=value, got {pair!r}")
-        try:
-            kwargs[key] = json.loads(value)
-        except json.JSONDecodeError:
-            kwargs[key] = value
-    return kwargs
+    try:
+        return parse_kwarg_pairs(pairs)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
 
 
 def main(argv: list[str] | None = None) -> None:

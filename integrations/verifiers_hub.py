@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rl_llm.integrations.generic import parse_kwarg_pairs
 from rl_llm.integrations.social_seat import SOCIAL_PREFIX, make_env
 
 _PACKAGE_INIT = '''"""{env_id} from rl-llm as a verifiers environment (written by rl_llm.integrations.verifiers_hub).
@@ -112,19 +113,6 @@ def write_hub_package(env_id: str, out_dir: str | Path, name: str | None = None,
     return root
 
 
-def _parse_kwargs(pairs: list[str]) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"-k takes key=value, got {pair!r}")
-        try:
-            kwargs[key] = json.loads(value)
-        except json.JSONDecodeError:
-            kwargs[key] = value
-    return kwargs
-
-
 def all_env_ids() -> list[str]:
     """Every registered rl-llm env id and every social game (as ``social/<game>``, one seat)."""
     from rl_llm.envs.registration import env_ids
@@ -144,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", action="append", default=[], metavar="KEY=VALUE", help="env kwarg (JSON value)")
     args = parser.parse_args(argv)
     try:
-        kwargs = _parse_kwargs(args.k)
+        kwargs = parse_kwarg_pairs(args.k)
         if args.env:
             print(write_hub_package(args.env, args.out, args.name, **kwargs))
             return 0

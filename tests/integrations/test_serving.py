@@ -141,15 +141,23 @@ def test_cheap_steps_go_inline_and_a_slow_one_is_caught_by_the_watchdog(caplog: 
         assert stats["pool_calls"] == 1 + server.inline_policy.promote_after + 1
 
 
+def _queue_one_hung_step(served: Any) -> Any:
+    """Two sessions; one step that hangs until ``served.ledger.release`` fills the one-slot queue. Returns the
+    other session, whose next step the full queue refuses."""
+    client, url = served.client, served.url
+    hung, other = client.make(HANG), client.make(HANG)
+    hung.reset()
+    other.reset()
+    threading.Thread(target=lambda: httpx.post(f"{url}/sessions/{hung.session_id}/step", json={"action": "hang"},
+                                               timeout=60), daemon=True).start()  # fmt: skip
+    assert wait_until(lambda: served.server.snapshot()["queued"] == 1)
+    return other
+
+
 def test_a_full_queue_answers_503_with_retry_after_and_max_sessions_429_too() -> None:
     with serve(max_workers=1, max_queued=1, max_sessions=3) as served:
-        client, url = served.client, served.url
-        hung, other = client.make(HANG), client.make(HANG)
-        hung.reset()
-        other.reset()
-        threading.Thread(target=lambda: httpx.post(f"{url}/sessions/{hung.session_id}/step", json={"action": "hang"},
-                                                   timeout=60), daemon=True).start()  # fmt: skip
-        assert wait_until(lambda: served.server.snapshot()["queued"] == 1)
+        url = served.url
+        other = _queue_one_hung_step(served)
         response = httpx.post(f"{url}/sessions/{other.session_id}/step", json={"action": "x"})
         assert response.status_code == 503 and response.headers["retry-after"] == "1"
         assert "busy" in response.json()["detail"]
@@ -173,13 +181,7 @@ def test_a_nan_reward_comes_back_as_strict_json_null() -> None:
 
 def test_the_client_waits_out_a_503_as_retry_after_says_then_succeeds() -> None:
     with serve(max_workers=1, max_queued=1) as served:
-        client, url = served.client, served.url
-        hung, other = client.make(HANG), client.make(HANG)
-        hung.reset()
-        other.reset()
-        threading.Thread(target=lambda: httpx.post(f"{url}/sessions/{hung.session_id}/step", json={"action": "hang"},
-                                                   timeout=60), daemon=True).start()  # fmt: skip
-        assert wait_until(lambda: served.server.snapshot()["queued"] == 1)
+        other = _queue_one_hung_step(served)
         threading.Timer(0.3, served.ledger.release.set).start()  # the queue drains while the client waits
         assert other.step("x")[0] == "echo x"
         assert served.server.snapshot()["overloaded"] >= 1  # it was refused first, then retried

@@ -111,7 +111,8 @@ def test_every_rollout_of_a_ppo_run_with_critic_warmup_finds_the_engine_awake(
         return call
 
     monkeypatch.setattr(generation_module, "make_weight_sync", stand_in_sync)
-    monkeypatch.setattr(runner_module, "collect", recording("collect", runner_module.collect))
+    # The step's rollouts (trainers/filtering.py collect_step, called by TrainingRun.collect).
+    monkeypatch.setattr(runner_module, "collect_step", recording("collect", runner_module.collect_step))
     monkeypatch.setattr(runner_module, "evaluate_llm", recording("eval", runner_module.evaluate_llm))
     config = load_config(overrides=[
         "algorithm=ppo", "steps=3", "ppo.critic_warmup_steps=2", "eval.every=1", "eval.episodes=2",
