@@ -98,9 +98,8 @@ class MetricsWriter:
         self.handle.flush()
         os.fsync(self.handle.fileno())
         if self.tensorboard is not None:
-            for name, value in metrics.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                    self.tensorboard.add_scalar(name, value, step)
+            for name, value in scalars(metrics).items():
+                self.tensorboard.add_scalar(name, value, step)
             self.tensorboard.flush()
         if self.trackers:
             self.trackers.log_metrics(step, metrics)

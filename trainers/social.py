@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from rl_llm.trainers.config import ConfigError, SocialConfig
+from rl_llm.trainers.turn_credit import turn_returns
 from rl_llm.types import Trajectory
 
 if TYPE_CHECKING:
@@ -188,12 +189,9 @@ def round_rewards(trajectory: Trajectory) -> dict[int, float]:
 
 
 def discounted_returns(rewards: Sequence[float], gamma: float, scale: float = 1.0) -> list[float]:
-    """``G_t = sum_{k>=t} gamma^(k-t) r_k / scale`` for each round ``t``."""
-    out, running = [0.0] * len(rewards), 0.0
-    for t in range(len(rewards) - 1, -1, -1):
-        running = rewards[t] / scale + gamma * running
-        out[t] = running
-    return out
+    """``G_t = sum_{k>=t} gamma^(k-t) r_k / scale`` for each round ``t`` (the turn-level return-to-go of
+    trainers/turn_credit.py over the scaled round rewards)."""
+    return turn_returns([reward / scale for reward in rewards], gamma)
 
 
 def round_returns(trajectory: Trajectory, gamma: float, scale: float = 1.0) -> dict[int, float]:
