@@ -20,12 +20,11 @@ model's device; the log-probs are taken from the same logits, in float32 (no sec
 Reproducibility is defined per device (see docs/reproducibility.md):
 
 - ``batch_invariant=True`` (the default on CPU): a request's tokens and log-probs do not depend on the other
-  requests in its batch, which follows thread timing (``agents/batching.py``). Requests are generated in a
-  canonical layout that depends on the request alone: each prompt left-padded to the next multiple of
-  ``PAD_MULTIPLE`` strictly above its length, and only prompts of the same padded width in one ``generate``
-  call, filled with copies of a row up to a multiple of ``PAD_ROWS`` rows. CPU kernels then give a row
-  identical bits whatever the other rows; attention over another amount of padding, or a matmul of 1-3 rows,
-  changes the last bits (~1e-7), enough to change recorded log-probs and every figure after them.
+  requests in its batch, which follows thread timing (``agents/batching.py``). ``rl_llm.agents.invariant_generation``
+  generates in a layout that depends on the request alone where CPU kernels would otherwise change a row's
+  last bits (~1e-7, enough to change recorded log-probs and every figure after them): each prompt's prefill
+  at its own padded width (the next multiple of ``PAD_MULTIPLE`` above its length), then one decode for all
+  rows with a one-query attention whose bits do not depend on the row's position, thread or left padding.
 - ``batch_invariant=False`` (the default on CUDA): one call for the whole batch, left-padded to its longest
   prompt. GPU kernels (cuBLAS, SDPA) choose their algorithm by shape, so no layout makes a row independent of
   its batch there; the same config and seed give the same run at the same batch layout on the same machine.
@@ -52,6 +51,13 @@ from transformers import (
     StoppingCriteria,
 )
 
+from rl_llm.agents.invariant_generation import (
+    PAD_ROWS,
+    canonical_width,
+    generate_invariant,
+    supports_merged_decode,
+    use_batch_invariant_attention,
+)
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams, first_stop
 from rl_llm.agents.policy import Completion
 from rl_llm.agents.sampling import sample_tokens
@@ -62,13 +68,6 @@ from rl_llm.agents.sampling import sample_tokens
 NEUTRAL_PROCESSORS = dict(
     repetition_penalty=1.0, no_repeat_ngram_size=0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0
 )
-# Canonical layout of the batch-invariant path: prompts left-padded to the next multiple of PAD_MULTIPLE
-# tokens, batches filled up to a multiple of PAD_ROWS rows. CPU matmuls give a row the same bits whatever the
-# other rows only when the row count is a multiple of 4 (or large); smaller or odd counts take other kernels.
-PAD_MULTIPLE = 32
-PAD_ROWS = 8
-
-
 class HFPolicy(LLMPolicy):
     name = "hf"
 
@@ -132,20 +131,31 @@ class HFPolicy(LLMPolicy):
         prompts = [self.prompt_ids(request) for request in requests]
         if any(not prompt for prompt in prompts):
             raise ValueError("cannot generate from an empty prompt")
-        # One generate call per layout: the canonical width of each prompt (batch-invariant), else one width.
+        if self.batch_invariant:
+            use_batch_invariant_attention(self.model)  # one-query attention steps that ignore the batch
+        merged = self.batch_invariant and supports_merged_decode(self)
+        # One generate call per layout: the canonical width of each prompt (batch-invariant, for models the
+        # merged layout cannot take), else one width for every prompt (merged: one decode for all widths).
         layouts: dict[int, list[int]] = {}
         for index, prompt in enumerate(prompts):
-            width = canonical_width(len(prompt)) if self.batch_invariant else 0
+            width = canonical_width(len(prompt)) if self.batch_invariant and not merged else 0
             layouts.setdefault(width, []).append(index)
         completions: list[Completion | None] = [None] * len(requests)
         for width, indices in sorted(layouts.items()):
             for start in range(0, len(indices), self.max_batch_size):
                 chunk = indices[start : start + self.max_batch_size]
-                batch = self._generate_batch([requests[i] for i in chunk], [prompts[i] for i in chunk], width)
+                chunk_requests, chunk_prompts = [requests[i] for i in chunk], [prompts[i] for i in chunk]
+                batch = generate_invariant(self, chunk_requests, chunk_prompts, self._autocast()) if merged \
+                    else self._generate_batch(chunk_requests, chunk_prompts, width)  # fmt: skip
                 for index, completion in zip(chunk, batch):
                     completion.policy_version = version
                     completions[index] = completion
         return [completion for completion in completions if completion is not None]
+
+    def _autocast(self) -> Any:
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def _generate_batch(self, requests: Sequence[GenerationRequest], prompts: list[list[int]],
                         width: int) -> list[Completion]:  # fmt: skip
@@ -171,9 +181,7 @@ class HFPolicy(LLMPolicy):
         was_training = self.model.training
         self.model.eval()
         try:
-            autocast = nullcontext() if self.autocast_dtype is None else \
-                torch.autocast(self.device.type, dtype=self.autocast_dtype)  # fmt: skip
-            with torch.inference_mode(), autocast:
+            with torch.inference_mode(), self._autocast():
                 sequences = self.model.generate(
                     input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
                     stopping_criteria=[criteria], logits_processor=[sampler],
@@ -240,11 +248,6 @@ class HFPolicy(LLMPolicy):
         self.mark_updated()
 
 
-def canonical_width(length: int) -> int:
-    """The padded width of a prompt of ``length`` tokens in the batch-invariant layout."""
-    return (length // PAD_MULTIPLE + 1) * PAD_MULTIPLE
-
-
 class RowSampler(LogitsProcessor):
     """Draws every row's next token from that row's own stream (``sample_tokens``: temperature, top-k, top-p)
     in one vectorised step, records its log-prob, and leaves only that token possible, so greedy decoding
@@ -280,7 +283,7 @@ class StopStrings(StoppingCriteria):
     """
 
     def __init__(self, tokenizer: Any, prompt_length: int, stops: Sequence[Sequence[str]], limits: Sequence[int],
-                 candidates: torch.Tensor | None = None) -> None:  # fmt: skip
+                 candidates: torch.Tensor | None = None, finished: Sequence[bool] | None = None) -> None:  # fmt: skip
         self.tokenizer = tokenizer
         self.prompt_length = prompt_length
         self.stops = [tuple(s for s in row if s) for row in stops]
@@ -290,10 +293,13 @@ class StopStrings(StoppingCriteria):
         # Optional [vocab] mask of the tokens that can complete a stop string (``stop_candidates``): a row whose
         # newest token cannot is not decoded this step, so most steps decode no row at all.
         self.candidates = candidates
+        # Rows already over before this call (e.g. an eos as their first token, drawn outside ``generate``).
+        self.finished = list(finished) if finished is not None else [False] * len(self.stops)
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
         generated = input_ids.shape[1] - self.prompt_length
-        done = [at is not None or generated >= limit for at, limit in zip(self.stopped_at, self.limits)]
+        done = [over or at is not None or generated >= limit
+                for over, at, limit in zip(self.finished, self.stopped_at, self.limits)]  # fmt: skip
         rows = [b for b, row in enumerate(self.stops) if row and not done[b]]
         if rows and self.candidates is not None:
             newest = self.candidates[input_ids[:, -1]].tolist()  # one transfer of B flags for the whole batch

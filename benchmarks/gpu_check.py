@@ -25,6 +25,11 @@ started, and the check goes on; the whole check stops at ``--budget``, 480 s by 
    256 new tokens per turn); the held-out evaluation cut to 8 episodes before and after, random baseline
    only.
 7. ``lora`` (135, alone): the same with ``model.lora.enabled=true`` (r 16 on every linear layer), 2 steps.
+8. ``rollout`` (75, alone, last: skipped if the budget is spent; ``--phases env,build,rollout`` runs it on its
+   own): ``benchmarks/rollout.py`` on the phase-3 model, 64 bandit episodes x 2 turns, 32 new tokens, 2
+   rounds: the rollout engine's policy tokens/s against transformers' own sampling ``generate`` (KV cache)
+   on the engine's prompts and lengths (issue 29's target: >= 0.9). Figures: the median ratio per wall
+   second, the engine's and transformers' tokens/s.
 
 Phases 2-5 share the machine, so their seconds are not speed figures. The speed figures are those of phases
 6-7, per step from the run's ``metrics.jsonl``; step 1 includes warm-up, so the summary is the median of the
@@ -105,7 +110,7 @@ from typing import Any, TextIO
 REPO = Path(__file__).resolve().parents[1]
 WHEELS = REPO / ".whl"
 SITE = Path("/tmp/site")
-PHASES = ("env", "tests", "build", "default", "tictactoe", "grpo05b", "lora")
+PHASES = ("env", "tests", "build", "default", "tictactoe", "grpo05b", "lora", "rollout")
 QUIET = ["log.tensorboard=false", "log.progress=false", "log.plot=false"]
 # The tests where the device matters, less the long training runs that other phases do on the GPU anyway
 # (the default job, the TicTacToe job and its warm start) or that only repeat CPU-side checks at length
@@ -150,12 +155,14 @@ class Plan:
     grpo: list[str]
     lora: list[str]
     shape: dict[str, int]
+    rollout: list[str] = field(default_factory=lambda: ["--episodes", "64", "--turns", "2", "--max-new-tokens", "32",
+                                                        "--rounds", "2"])  # fmt: skip
 
 
 SHORT_EVAL = ["eval.episodes=8", "eval.every=0", "eval.baselines=[random]", "log.checkpoint_every=1000"]
 GPU_PLAN = Plan(
     limits={"env": 60, "tests": 180, "build": 120, "default": 75, "tictactoe": 105, "grpo05b": 150,
-            "lora": 135},
+            "lora": 135, "rollout": 75},
     tests=TEST_FILES,
     default=[],
     tictactoe=["steps=5"],
@@ -168,7 +175,7 @@ QUICK_GRPO = ["steps=1", "eval.episodes=2", "eval.every=0", "eval.baselines=[ran
               "optim.micro_batch_size=2"]  # fmt: skip
 QUICK_PLAN = Plan(
     limits={"env": 120, "tests": 300, "build": 120, "default": 300, "tictactoe": 300, "grpo05b": 300,
-            "lora": 300},
+            "lora": 300, "rollout": 300},
     tests=["tests/trainers/test_modeling.py", "tests/agents/test_tiny_model.py"],
     default=["steps=1", "sft.episodes=32", "sft.held_out_episodes=4", "eval.episodes=4"],
     tictactoe=["steps=1", "sft.episodes=16", "sft.epochs=1", "sft.held_out_episodes=4", "eval.episodes=4",
@@ -176,6 +183,7 @@ QUICK_PLAN = Plan(
     grpo=QUICK_GRPO,
     lora=[*QUICK_GRPO, "model.lora.enabled=true"],
     shape=QUICK_MODEL_SHAPE,
+    rollout=["--episodes", "4", "--turns", "2", "--max-new-tokens", "8", "--rounds", "1"],
 )
 
 Handle = tuple[subprocess.Popen, TextIO, float]  # a started phase: its process, its log, when it started
@@ -444,6 +452,14 @@ class Check:
             self.phases[name].figures = figures
         self.report(name)
 
+    def phase_rollout(self) -> None:
+        command = [sys.executable, str(REPO / "benchmarks" / "rollout.py"), "--device", self.args.device,
+                   "--model", str(self.model["path"]), *self.plan.rollout]  # fmt: skip
+        self.run("rollout", command)
+        text = (self.out / "rollout.log").read_text(encoding="utf-8", errors="replace")
+        self.phases["rollout"].figures = rollout_figures(text)
+        self.report("rollout")
+
     # -- the whole check ---------------------------------------------------------------------------------
     def main(self) -> int:
         names = [name for name in PHASES if name in self.args.phases.split(",")]
@@ -458,7 +474,7 @@ class Check:
                 return self.summary()
             # In the background while the default and TicTacToe jobs run: the tests and the model build (CPU).
             tests = self.start_tests() if "tests" in names else None
-            wanted = bool({"build", "grpo05b", "lora"} & set(names))
+            wanted = bool({"build", "grpo05b", "lora", "rollout"} & set(names))
             build = self.start_build() if wanted else None
             background = [tests, build]
             if "default" in names:
@@ -474,6 +490,11 @@ class Check:
                     self.report(name)
                 elif name in names:
                     self.guarded(name, lambda n=name, o=overrides: self.phase_grpo(n, o))
+            if "rollout" in names and not built:
+                self.phases["rollout"] = Phase("rollout", "skipped", note="no model: the build phase failed")
+                self.report("rollout")
+            elif "rollout" in names:
+                self.guarded("rollout", self.phase_rollout)
         finally:
             for handle in background:  # still running only after an error of this script
                 if handle is not None and handle[0].poll() is None:
@@ -515,6 +536,19 @@ def stop(process: subprocess.Popen) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def rollout_figures(text: str) -> dict[str, Any]:
+    """``benchmarks/rollout.py``'s figures: the median engine/transformers ratio per wall second (its summary
+    line) and the mean tokens/s of the engine and of transformers over its rounds (its table)."""
+    figures: dict[str, Any] = {}
+    if match := re.search(r"median ([0-9.]+) per wall-clock second", text):
+        figures["ratio"] = float(match.group(1))
+    rows = [line.split() for line in text.splitlines() if re.match(r"\s*\d+\s+\d+\s+\d+\s+\d+\s+[0-9.]+", line)]
+    if rows:
+        figures["engine_tok_s"] = sum(float(row[1]) for row in rows) / len(rows)
+        figures["transformers_tok_s"] = sum(float(row[3]) for row in rows) / len(rows)
+    return figures
 
 
 def pytest_counts(text: str) -> dict[str, int]:

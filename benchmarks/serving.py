@@ -8,10 +8,11 @@ with the same three routes (create, reset, step) and no env: the web stack's own
 
 Printed per point: calls/s, p50 and p99 latency, and the ratios ``ours / bare`` (targets: calls/s >= 0.8x,
 p99 <= 2x; docs/serving.md#targets). Also: the WebSocket endpoint ``/sessions/ws`` (one connection per
-client, whole episodes over it) against a bare WebSocket route, the server's RSS per open session, and the
-retriever server's queries/s.
+client, whole episodes over it) against a bare WebSocket route, the same with the env replayed from a
+recording (``ws-replay``: the endpoint's own cost, without the env's), the server's RSS per open session, and
+the retriever server's queries/s.
 
-    python benchmarks/serving.py [--seconds 4] [--clients 1 64 256 1000] [--only http ws memory retriever]
+    python benchmarks/serving.py [--seconds 4] [--clients 1 64 256 1000] [--only http ws ws-replay memory retriever]
 """
 
 from __future__ import annotations
@@ -116,11 +117,43 @@ def bare_app() -> Any:
     return app
 
 
+class ReplayedEnv:
+    """Answers ``reset`` and ``step`` with one recorded episode's env outputs, at no env cost: the env server
+    serving it (``--serve replay``, the ``ws-replay`` rows) measures the endpoint's own cost per call, so a gap
+    to the bare app splits into the server's share and the env's (docs/serving.md#websocket-sessions)."""
+
+    def __init__(self, reset: Any, steps: list[Any]) -> None:
+        self._reset, self._steps, self._turn = reset, steps, 0
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        self._turn = 0
+        return self._reset
+
+    def step(self, action: str) -> Any:
+        self._turn += 1
+        return self._steps[min(self._turn, HORIZON) - 1]
+
+    def close(self) -> None:
+        pass
+
+
+def replay_server() -> Any:
+    from rl_llm.integrations.generic import EnvFactory
+    from rl_llm.integrations.http_server import EnvServer, ServerConfig
+
+    env = EnvFactory(ENV_ID, horizon=HORIZON)()
+    reset = env.reset(seed=0)
+    steps = [env.step(ACTION) for _ in range(HORIZON)]
+    config = ServerConfig(allowed_env_ids=frozenset({ENV_ID}), max_sessions=12000)
+    return EnvServer(config, make_env=lambda env_id, kwargs: ReplayedEnv(reset, steps)).app
+
+
 def serve(kind: str, port: int) -> None:
     import uvicorn
 
-    if kind == "bare":
-        uvicorn.run(bare_app(), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    if kind in ("bare", "replay"):
+        app = bare_app() if kind == "bare" else replay_server()
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
     else:
         from rl_llm.integrations.http_server import main
 
@@ -324,7 +357,7 @@ def openenv_ws_episode(url: str) -> tuple[Any, Any]:
     return setup, episode
 
 
-EPISODES = {"http": http_episode, "ws": ws_episode, "openenv-http": openenv_http_episode,
+EPISODES = {"http": http_episode, "ws": ws_episode, "ws-replay": ws_episode, "openenv-http": openenv_http_episode,
             "openenv-ws": openenv_ws_episode}  # fmt: skip
 
 
@@ -374,7 +407,9 @@ def bench_http(args: argparse.Namespace, proto: str) -> None:
     compared with the bare app's own routes (HTTP or WebSocket), the stack's ceiling either way."""
     print(HEADER, flush=True)
     ours_argv = OPENENV if proto.startswith("openenv") else [HERE, "--serve", "http", "--port", "{port}"]
-    bare_proto = proto.removeprefix("openenv-")
+    if proto == "ws-replay":  # the env server with its env replayed: the endpoint's own cost
+        ours_argv = [HERE, "--serve", "replay", "--port", "{port}"]
+    bare_proto = proto.removeprefix("openenv-").removesuffix("-replay")
     with server_process([HERE, "--serve", "bare", "--port", "{port}"]) as (bare_url, bare_pid), \
          server_process(ours_argv) as (ours_url, ours_pid):  # fmt: skip
         for clients in args.clients:
@@ -498,20 +533,20 @@ def bench_sandboxes(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--serve", choices=["bare", "http"], help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=["bare", "http", "replay"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=4.0, help="seconds per point (default 4)")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 64, 256, 1000])
     parser.add_argument("--rounds", type=int, default=2, help="alternate bare/ours this many times per point")
     parser.add_argument("--sessions", type=int, default=10000, help="open sessions for the memory figure")
-    parts = ["http", "ws", "openenv-http", "openenv-ws", "memory", "retriever", "sandboxes"]
+    parts = ["http", "ws", "ws-replay", "openenv-http", "openenv-ws", "memory", "retriever", "sandboxes"]
     parser.add_argument("--sandbox-sessions", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--only", nargs="+", default=parts, choices=parts)
     args = parser.parse_args()
     if args.serve:
         return serve(args.serve, args.port)
     print(f"serving benchmark: {os.cpu_count()} CPUs, {args.seconds:g} s per point, {ENV_ID} horizon {HORIZON}")
-    for proto in ("http", "ws", "openenv-http", "openenv-ws"):
+    for proto in ("http", "ws", "ws-replay", "openenv-http", "openenv-ws"):
         if proto in args.only:
             bench_http(args, proto)
     if "memory" in args.only:

@@ -90,3 +90,16 @@ def test_pytest_counts_from_the_summary_or_the_progress_marks(gpu_check: ModuleT
     # Stopped mid-run: no summary line; the progress marks are counted and the result marked incomplete.
     assert counts("$ python -m pytest\n..s.F [ 40%]\n..") == {
         "passed": 5, "failed": 1, "skipped": 1, "error": 0, "incomplete": 1}  # fmt: skip
+
+
+def test_rollout_figures_from_the_benchmark_output(gpu_check: ModuleType) -> None:
+    text = """backend hf | model m on cuda (359.69M parameters, batch_invariant=False) | torch threads 16
+
+round  engine tok/s  backend tok/s transformers tok/s  ratio  CPU-time ratio  batches mean batch mean prompt
+    0          1900           2100               2000  0.950           0.990        2       64.0         239
+    1          2100           2300               2000  1.050           1.010        2       64.0         241
+
+engine / transformers generate throughput over 2 rounds: median 1.000 per wall-clock second (meets the 0.9 target), 1.000 per CPU second
+"""
+    assert gpu_check.rollout_figures(text) == {"ratio": 1.0, "engine_tok_s": 2000.0, "transformers_tok_s": 2000.0}
+    assert gpu_check.rollout_figures("Traceback (most recent call last):") == {}

@@ -83,6 +83,10 @@ class VllmConfig:
     # the trainer does not use), else it shares the trainer's with gpu_memory_utilization
     server_gpus: str | None = None
     server_args: list[str] = field(default_factory=list)  # more flags for a started server
+    # a started server that dies is restarted (same flags, the trainer's current weights pushed) at most this
+    # many times per run; past that, or for a server_url server, the run stops with one error line naming the
+    # server's log and the resume command (docs/vllm.md#when-the-server-dies)
+    max_restarts: int = 3
     max_model_len: int | None = None
 
 
@@ -230,7 +234,10 @@ class SocialConfig:
     # Subtracted from the advantage of an invalid turn's tokens (round credit). The paper constrains decoding to
     # legal moves; without that, an invalid move played as the default (defect) shares defection's credit.
     invalid_penalty: float = 0.0
-    league_size: int = 0  # past checkpoints as opponents: not implemented yet (refused when > 0)
+    # The league (opponent "league"): up to league_size past policies (the paper: 30; 0: off), the current one
+    # added every league_every steps from step 0 on, the oldest evicted (docs/multi-agent.md#the-league).
+    league_size: int = 0
+    league_every: int = 1
     per_seat_policies: bool = False  # a separate policy per seat: not implemented yet (refused)
     # The baseline whose return against the trained policy is its exploitability; None: the game's greedy one
     # (always_defect in the matrix games, greedy in the Split games, minimax in TicTacToe).

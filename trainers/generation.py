@@ -13,7 +13,8 @@ by ``TrainConfig.validate``, refuses the combinations that cannot run. (TRL's ``
   (``load_weights``, sleep and wake around the update).
 - ``vllm``, ``colocate``, asynchronous: refused (an in-process engine cannot take weights while it generates).
 - ``vllm``, ``server``, either: ``VLLMServerPolicy``, a client of ``rollout.vllm.server_url`` or of a server
-  started here whose workers carry ``WeightReceiver``; ``ServerWeightSync`` (a torch process group).
+  started here whose workers carry ``WeightReceiver``; ``ServerWeightSync`` (a torch process group), inside
+  ``SupervisedServerSync`` (``server_restart.py``: health checks, and restarts of a server started here).
 
 Heavy imports (torch, transformers, vLLM) happen inside the builders, so ``TrainConfig.validate`` can call the
 check without loading them.
@@ -30,6 +31,8 @@ from typing import TYPE_CHECKING
 from rl_llm.trainers.config import ConfigError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import torch
     from torch import nn
 
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
     from rl_llm.trainers.config import TrainConfig
     from rl_llm.trainers.precision import Precision
     from rl_llm.trainers.sync import WeightSync
+    from rl_llm.types import Trajectory
 
 BACKENDS = ("hf", "vllm")
 VLLM_MODES = ("colocate", "server")
@@ -51,6 +55,9 @@ def check_generation_config(config: TrainConfig) -> None:
         raise ConfigError(f"rollout.backend: {rollout.backend!r} is not one of {list(BACKENDS)}")
     if rollout.vllm.mode not in VLLM_MODES:
         raise ConfigError(f"rollout.vllm.mode: {rollout.vllm.mode!r} is not one of {list(VLLM_MODES)}")
+    restarts = rollout.vllm.max_restarts
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        raise ConfigError(f"rollout.vllm.max_restarts must be an integer >= 0 (0: never restart), got {restarts!r}")
     if is_asynchronous(config) and rollout.backend == "vllm" and rollout.vllm.mode == "colocate":
         raise ConfigError("asynchronous training (rollout.max_staleness) with vLLM needs rollout.vllm.mode=server: "
                           "an in-process engine cannot take new weights while it generates")  # fmt: skip
@@ -81,6 +88,17 @@ class Generation:
         if version is not None:
             self.policy.mark_updated(version)
 
+    def recover(self, trajectories: Sequence[Trajectory]) -> bool:
+        """After a rollout: True when the generator (a vLLM server) was lost during it and has been restarted
+        with the trainer's weights, so the caller collects again (docs/vllm.md#when-the-server-dies)."""
+        recover = getattr(self.sync, "recover", None)
+        return bool(recover(trajectories)) if recover is not None else False
+
+    def metrics(self) -> dict[str, float]:
+        """The generator's own figures for a step's metrics (``vllm/restarts`` in server mode)."""
+        metrics = getattr(self.sync, "metrics", None)
+        return metrics() if metrics is not None else {}
+
     def close(self) -> None:
         """Release the weight sync, then the generator (which stops a server started for it)."""
         try:
@@ -98,7 +116,7 @@ def build_generation(config: TrainConfig, model: nn.Module, tokenizer: object, m
     check_generation_config(config)
     policy = build_generator(config, model, tokenizer, model_path, device, run_dir, precision)
     try:
-        sync = make_weight_sync(policy, config, device)
+        sync = make_weight_sync(policy, config, device, model=model, run_dir=run_dir)
     except BaseException:
         policy.close()  # the generator may be a server process: stop it
         raise
@@ -143,8 +161,11 @@ def build_generator(config: TrainConfig, model: nn.Module, tokenizer: object, mo
     return server_generator(config, model_path, tokenizer, sampling, device, run_dir)
 
 
-def make_weight_sync(policy: LLMPolicy, config: TrainConfig, device: torch.device) -> WeightSync:
-    """The weight sync of ``policy``, the generator ``build_generator`` made for ``config``."""
+def make_weight_sync(policy: LLMPolicy, config: TrainConfig, device: torch.device, *, model: nn.Module | None = None,
+                     run_dir: str | Path | None = None) -> WeightSync:  # fmt: skip
+    """The weight sync of ``policy``, the generator ``build_generator`` made for ``config``. In server mode,
+    given the trainer's ``model`` and the ``run_dir``, the sync also health-checks the server and restarts one
+    the run started (``trainers/server_restart.py``)."""
     rollout = config.rollout
     if rollout.backend == "hf":
         if is_asynchronous(config):
@@ -158,10 +179,17 @@ def make_weight_sync(policy: LLMPolicy, config: TrainConfig, device: torch.devic
         from rl_llm.trainers.sync import InProcessSync
 
         return InProcessSync(policy, sleep=rollout.vllm.sleep)
-    from rl_llm.trainers.server_sync import server_weight_sync
-
     # The server the generator talks to (the one the run started, or rollout.vllm.server_url): policy.base_url.
-    return server_weight_sync(policy, device, rollout.vllm.server_group_port)
+    if model is None or run_dir is None:
+        from rl_llm.trainers.server_sync import server_weight_sync
+
+        return server_weight_sync(policy, device, rollout.vllm.server_group_port)
+    from rl_llm.trainers.server_restart import SupervisedServerSync
+
+    # Restarted only when this run started it, and never under an asynchronous run's generator thread.
+    restartable = getattr(policy, "server", None) is not None and not is_asynchronous(config)
+    return SupervisedServerSync(policy, model, device, group_port=rollout.vllm.server_group_port,
+                                max_restarts=rollout.vllm.max_restarts, restartable=restartable, run_dir=run_dir)  # fmt: skip
 
 
 def server_generator(config: TrainConfig, model_path: str | Path, tokenizer: object, sampling: SamplingParams,

@@ -9,6 +9,7 @@ engine), ``score`` (returns, OTC, PODS), ``log_step`` (metrics, periodic eval, c
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -123,12 +124,17 @@ class TrainingRun:
         self.dropped = 0
         # Two-player games (trainers/social.py): who plays the learner's opponent, and the last step's matches.
         self.opponents = None
+        self.league = None  # past policies as opponents (trainers/league.py), when social.league_size > 0
         self.matches: list[Any] | None = None
         self.scored: list[Trajectory] = []  # the batch's rows, in order (score)
         if config.game is not None:
             from rl_llm.trainers.social import Opponents
 
-            self.opponents = Opponents(config)
+            if config.social.league_size:
+                from rl_llm.trainers.league import League
+
+                self.league = League(self.run_dir / "league", config.social.league_size, config.social.league_every)
+            self.opponents = Opponents(config, self.league)
         # The task sampler (curriculum) and the step's group counts (dynamic sampling): docs/training.md.
         self.tasks = TaskSampler(config, lambda: len(env_factory(config)().unwrapped.tasks))
         self.sampling_metrics: dict[str, float] = {}
@@ -202,17 +208,33 @@ class TrainingRun:
         rollout = self.config.rollout
         seeds = list(range(self.next_seed, self.next_seed + rollout.prompts_per_step))
         self.next_seed += rollout.prompts_per_step
-        self.sync.before_rollout()
+        self.sync.before_rollout()  # server mode: the server's health is checked here (restarted if it died)
+        # A server lost during the rollout is restarted with the trainer's weights and the step is collected
+        # again from the same task state, so its data is whole (bounded: docs/vllm.md#when-the-server-dies).
+        next_seed, tasks = self.next_seed, self.tasks.state_dict()
+        trajectories = self._play(seeds)
+        while self.generation.recover(trajectories):
+            self.next_seed = next_seed
+            self.tasks.load_state_dict(tasks)
+            trajectories = self._play(seeds)
+        self.sync.before_update()
+        release_cached_memory(self.device)  # generation's KV caches: free for the update (and a colocated engine)
+        return trajectories
+
+    def _play(self, seeds: list[int]) -> list[Trajectory]:
+        rollout = self.config.rollout
         if self.opponents is not None:  # a two-player game: matches, the learner's seats are trained on
             from rl_llm.trainers.social import play_games
 
+            league_player = None
+            if self.league is not None:  # the weights after step s join as member s (trainers/league.py)
+                self.league.update(self.step, self.model)
+                league_player = functools.partial(self.league.player, model=self.model, generator=self.generator)
             self.matches = play_games(self.config, self.generator, seeds, rollout.group_size, self.opponents.plan,
-                                      rollout.max_new_tokens, rollout.concurrency)  # fmt: skip
-            trajectories = [match.seats[s] for match in self.matches for s in match.learner]
-        else:  # curriculum options per seed, dynamic sampling's refills (trainers/filtering.py)
-            trajectories, self.sampling_metrics = collect_step(self, seeds)
-        self.sync.before_update()
-        release_cached_memory(self.device)  # generation's KV caches: free for the update (and a colocated engine)
+                                      rollout.max_new_tokens, rollout.concurrency, league_player)  # fmt: skip
+            return [match.seats[s] for match in self.matches for s in match.learner]
+        # curriculum options per seed, dynamic sampling's refills (trainers/filtering.py)
+        trajectories, self.sampling_metrics = collect_step(self, seeds)
         return trajectories
 
     def score(self, trajectories: list[Trajectory]) -> TrainBatch:
@@ -221,6 +243,9 @@ class TrainingRun:
         usable = [t for t in trajectories if t.error is None and t.num_policy_tokens > 0]
         self.dropped = len(trajectories) - len(usable)
         if not usable:
+            # A generation server lost under an asynchronous run's generator says so in one line (restarted
+            # only where nothing else uses it: docs/vllm.md#when-the-server-dies).
+            self.generation.recover(trajectories)
             errors = sorted({t.error or "no policy tokens" for t in trajectories})
             raise RuntimeError(f"no usable episode among {len(trajectories)} this step; errors: {errors[:3]}")
         scores = [t.total_reward for t in usable]
@@ -260,11 +285,14 @@ class TrainingRun:
         rollout_s = timer.seconds.get("rollout", 0.0)
         metrics["throughput/policy_tokens_per_s"] = metrics["episode/policy_tokens_total"] / rollout_s if rollout_s else 0.0
         metrics["policy_version"] = self.policy_version
+        metrics.update(self.generation.metrics())  # vllm/restarts in server mode
         metrics.update(extra or {})
         if self.matches is not None:
             from rl_llm.trainers.social import step_metrics
 
             metrics.update(step_metrics(self.matches))
+            if self.league is not None:
+                metrics["game/league_size"] = float(len(self.league.members))
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         every = self.config.eval.every
         if every and step % every == 0 and step < self.config.steps:
@@ -302,7 +330,12 @@ class TrainingRun:
             "otc_history": self.otc.state_dict() if self.otc else {},
             "curriculum": self.tasks.state_dict(),
         }
-        return self.checkpointer.save(self.step, tensors, state)
+        if self.league is not None:
+            state["league"] = self.league.state_dict()
+        path = self.checkpointer.save(self.step, tensors, state)
+        if self.league is not None:  # evicted members' files go once the latest checkpoint no longer lists them
+            self.league.prune()
+        return path
 
     def _restore(self, path: Path) -> None:
         # Onto the CPU: load_state_dict copies each tensor to its parameter's device, and the optimizer keeps its
@@ -328,6 +361,8 @@ class TrainingRun:
         if self.otc is not None:
             self.otc.load_state_dict(state.get("otc_history", {}))
         self.tasks.load_state_dict(state.get("curriculum", {}))
+        if self.league is not None:
+            self.league.load_state_dict(state.get("league", {}))
 
     # -- evaluation and the end of a run ------------------------------------------------------------------
     def evaluate(self) -> EvalResult:

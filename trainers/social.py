@@ -5,8 +5,9 @@ differs only where ``TrainingRun`` asks this module (docs/multi-agent.md):
 
 - **Collect**: ``group_size`` matches per seed through the rollout engine (``collect_games``), each seat its
   own trajectory with per-round rewards. The opponent of a seed group is drawn from ``social.opponents`` by
-  weight (``self_play`` or a baseline of the game), from a stream seeded by (run seed, env seed), so resumes
-  repeat it. In self-play both seats are trained on; against a baseline only the learner's seat.
+  weight (``self_play``, a baseline of the game or ``league``, a past policy of the run: trainers/league.py),
+  from a stream seeded by (run seed, env seed), so resumes repeat it. In self-play both seats are trained on;
+  against a baseline or a league member only the learner's seat.
 - **Credit** (docs/research-protocols.md#social-games): per-round returns
   ``G_t = sum_{k>=t} gamma^(k-t) r_k / reward_scale`` (all tokens of a round share its credit), a per-round
   leave-one-out baseline over the games of a seed group (``rloo_by_round``), optionally per seat
@@ -35,8 +36,21 @@ from rl_llm.types import Trajectory
 
 if TYPE_CHECKING:
     from rl_llm.trainers.config import TrainConfig
+    from rl_llm.trainers.league import League
 
 SELF_PLAY = "self_play"
+LEAGUE = "league"  # a past policy of the run (trainers/league.py)
+
+
+def member_label(step: int) -> str:
+    """A league opponent's name in trajectories and metrics: ``league:step-4``."""
+    return f"{LEAGUE}:step-{step}"
+
+
+def league_step(name: str) -> int | None:
+    """The member step of a league opponent's name (None for any other opponent)."""
+    prefix = LEAGUE + ":step-"
+    return int(name[len(prefix) :]) if name.startswith(prefix) else None
 SEATS = ("player_0", "player_1")
 
 # The paper's values per game (docs/research-protocols.md#social-games): discount, reward normalising
@@ -107,7 +121,6 @@ def check_env_config(config: TrainConfig) -> None:
         "rollout.max_staleness": (config.rollout.max_staleness is not None,
                                   "asynchronous training is not implemented for games yet"),
         "rollout.backend": (config.rollout.backend != "hf", "games train with the hf backend only for now (no vLLM yet)"),
-        "social.league_size": (config.social.league_size != 0, "a league of past checkpoints is not implemented yet"),
         "social.per_seat_policies": (config.social.per_seat_policies, "separate policies per seat are not implemented yet"),
     }  # fmt: skip
     for key, (bad, why) in refused.items():
@@ -128,13 +141,14 @@ def check_env_config(config: TrainConfig) -> None:
 
     baselines = sorted(SOCIAL_BASELINES.get(game, {}))
     if not social.opponents:
-        raise ConfigError("social.opponents: name at least one opponent (self_play or a baseline)")
+        raise ConfigError("social.opponents: name at least one opponent (self_play, league or a baseline)")
     for name, weight in social.opponents.items():
-        if name != SELF_PLAY and name not in baselines:
+        if name not in (SELF_PLAY, LEAGUE) and name not in baselines:
             raise ConfigError(f"social.opponents: unknown opponent {name!r} for {game}; choose from "
-                              f"{[SELF_PLAY, *baselines]}")
+                              f"{[SELF_PLAY, LEAGUE, *baselines]}")
         if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
             raise ConfigError(f"social.opponents.{name}: the weight must be a positive number, got {weight!r}")
+    _check_league(social)
     for name in config.eval.baselines:
         if name not in baselines:
             raise ConfigError(f"eval.baselines: {name!r} is not a baseline of {game}; choose from {baselines}")
@@ -150,6 +164,21 @@ def check_env_config(config: TrainConfig) -> None:
         raise ConfigError("social.invalid_penalty must be >= 0, and works with social.credit=round")
     if social.reward_scale is not None and social.reward_scale <= 0:
         raise ConfigError(f"social.reward_scale must be positive, got {social.reward_scale}")
+
+
+def _check_league(social: SocialConfig) -> None:
+    """The league (docs/multi-agent.md#the-league): kept exactly when the opponent ``league`` is played."""
+    size, every = social.league_size, social.league_every
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ConfigError(f"social.league_size must be an integer >= 0 (0: no league), got {size!r}")
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise ConfigError(f"social.league_every must be an integer >= 1 (steps between members), got {every!r}")
+    if LEAGUE in social.opponents and size == 0:
+        raise ConfigError("social.opponents: league is named but social.league_size is 0; set the number of past "
+                          "policies to keep (the paper: 30)")
+    if size and LEAGUE not in social.opponents:
+        raise ConfigError(f"social.league_size: {size} past policies would be kept but never played; name league "
+                          "in social.opponents (e.g. {self_play: 1, league: 1})")
 
 
 def _changed(value: Any, default: Any, prefix: str) -> list[str]:
@@ -300,22 +329,31 @@ def game_advantages(trajectories: Sequence[Trajectory], matches: Sequence[Match]
 
 # -- opponents ------------------------------------------------------------------------------------------------
 class Opponents:
-    """Draws the opponent of each seed group by weight and says who plays each seat."""
+    """Draws the opponent of each seed group by weight and says who plays each seat (``league``: a member of
+    ``league``, drawn uniformly from the same stream, trainers/league.py)."""
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, config: TrainConfig, league: League | None = None) -> None:
         from rl_llm.agents.baselines.social import SOCIAL_BASELINES
 
         self.config = config
+        self.league = league
         self.names = list(config.social.opponents)
         weights = np.array([float(config.social.opponents[n]) for n in self.names], dtype=np.float64)
         self.weights = weights / weights.sum()
         game = config.game or ""
-        self.baselines = {name: SOCIAL_BASELINES[game][name](seed=config.seed) for name in self.names if name != SELF_PLAY}
+        self.baselines = {name: SOCIAL_BASELINES[game][name](seed=config.seed) for name in self.names
+                          if name not in (SELF_PLAY, LEAGUE)}  # fmt: skip
 
     def opponent(self, seed: int) -> str:
-        """The opponent of seed group ``seed``: the same for the same run seed and env seed, on any resume."""
+        """The opponent of seed group ``seed``: the same for the same run seed and env seed, on any resume (the
+        league's member too, given the same members: they are part of each checkpoint)."""
         rng = np.random.default_rng([self.config.seed & 0xFFFFFFFF, seed & 0xFFFFFFFF, zlib.crc32(b"opponent")])
-        return self.names[int(rng.choice(len(self.names), p=self.weights))]
+        name = self.names[int(rng.choice(len(self.names), p=self.weights))]
+        if name == LEAGUE:
+            if self.league is None:
+                raise RuntimeError("the opponent league was drawn but this run keeps no league")
+            return member_label(self.league.draw(rng))
+        return name
 
     def learner_seat(self, seed: int) -> int:
         seat = self.config.social.learner_seat
@@ -327,23 +365,44 @@ class Opponents:
         if name == SELF_PLAY:
             return name, (None, None), (0, 1)
         seat = self.learner_seat(seed)
-        players = [self.baselines[name], self.baselines[name]]
+        other = LEAGUE if league_step(name) is not None else self.baselines[name]  # play_games seats the member
+        players = [other, other]
         players[seat] = None
         return name, (players[0], players[1]), (seat,)
 
 
 def play_games(config: TrainConfig, policy: Any, seeds: Sequence[int], group_size: int,
                plan: Callable[[int], tuple[str, tuple[Any, Any], tuple[int, ...]]],
-               max_new_tokens: int, concurrency: int, **engine_options: Any) -> list[Match]:
-    """``group_size`` matches per seed through the rollout engine, as ``plan(seed)`` says who plays."""
+               max_new_tokens: int, concurrency: int, league_player: Callable[[int], Any] | None = None,
+               **engine_options: Any) -> list[Match]:
+    """``group_size`` matches per seed through the rollout engine, as ``plan(seed)`` says who plays.
+
+    A league seat (``LEAGUE`` in the plan) is played by ``league_player(member step)``, one frozen copy that
+    holds one member at a time: the seed groups of each member are played in a rollout of their own (the
+    first member's with every other group), members in step order. A request's draw does not depend on its
+    batch (agents/hf.py), so splitting the rollout changes no game."""
     from rl_llm.agents.rollout import collect_games
 
     plans = {seed: plan(seed) for seed in seeds}
-    results = collect_games(config.env.id, policy, seeds, group_size, players=lambda seed, _: plans[seed][1],
-                            env_kwargs=config.env.kwargs, max_new_tokens=max_new_tokens, concurrency=concurrency,
-                            action_template=config.env.action_template, **engine_options)  # fmt: skip
+    members = sorted({step for seed in seeds if (step := league_step(plans[seed][0])) is not None})
+    if members and league_player is None:
+        raise ValueError("a league opponent was drawn but play_games got no league_player")
+    rollouts = [(members[0] if members else None, [s for s in seeds if league_step(plans[s][0]) in (None, *members[:1])])]
+    rollouts += [(step, [s for s in seeds if league_step(plans[s][0]) == step]) for step in members[1:]]
+    played: dict[int, list[tuple]] = {}
+    for step, group in rollouts:
+        member = league_player(step) if step is not None else None
+
+        def players(seed: int, _: int, member: Any = member) -> tuple[Any, ...]:
+            return tuple(member if isinstance(player, str) and player == LEAGUE else player for player in plans[seed][1])
+
+        results = collect_games(config.env.id, policy, group, group_size, players=players, env_kwargs=config.env.kwargs,
+                                max_new_tokens=max_new_tokens, concurrency=concurrency,
+                                action_template=config.env.action_template, **engine_options)  # fmt: skip
+        for index, seed in enumerate(group):
+            played[seed] = results[index * group_size : (index + 1) * group_size]
     return [Match(seats=tuple(result), learner=plans[seed][2], opponent=plans[seed][0])
-            for result, seed in zip(results, [s for s in seeds for _ in range(group_size)], strict=True)]
+            for seed in seeds for result in played[seed]]  # fmt: skip
 
 
 # -- metrics --------------------------------------------------------------------------------------------------
@@ -375,6 +434,7 @@ def step_metrics(matches: Sequence[Match]) -> dict[str, float]:
     out["game/cooperation_rate"] = _nanmean([t.metrics.get("cooperation_rate", math.nan) for t in learners])
     out["game/tit_for_tat_likeness"] = _nanmean([tit_for_tat_likeness(t) for t in learners])
     out["game/self_play_frac"] = _nanmean([float(m.opponent == SELF_PLAY) for m in matches])
+    out["game/league_frac"] = _nanmean([float(league_step(m.opponent) is not None) for m in matches])
     return out
 
 

@@ -179,6 +179,27 @@ def test_a_nan_reward_comes_back_as_strict_json_null() -> None:
         assert body["observation"] == "not a number" and body["reward"] is None
 
 
+def test_websocket_steps_refuse_bad_frames_clearly_and_write_strict_json() -> None:
+    server = EnvServer(ServerConfig(allowed_env_ids=frozenset({SLOW})), make_env=make_slow)
+    with BackgroundServer(server.app) as background, \
+         websockets_sync.connect(background.url.replace("http://", "ws://") + "/sessions/ws") as socket:  # fmt: skip
+        ws_call(socket, op="create", env_id=SLOW)
+        ws_call(socket, op="reset")
+        socket.send(json.dumps({"op": "step", "action": "fast"}).encode())  # a binary frame
+        error = json.loads(socket.recv(timeout=30))["error"]
+        assert error["status"] == 422 and "text frame" in error["detail"]
+        # Steps the one-pass parse refuses go the general way, which says what is wrong.
+        error = ws_call(socket, op="step", action="fast", extra=1)["error"]
+        assert error["status"] == 422 and error["detail"].startswith("extra:")
+        error = ws_call(socket, op="step", action="fast", messages=[{"role": "assistant", "content": "x"}])["error"]
+        assert error["status"] == 422 and "exactly one" in error["detail"]
+        socket.send(json.dumps({"op": "step", "action": "nan"}))
+        text = socket.recv(timeout=30)
+        body = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+        assert body["observation"] == "not a number" and body["reward"] is None
+        assert ws_call(socket, op="step", action="fast")["observation"] == "slept fast"  # still serving
+
+
 def test_the_client_waits_out_a_503_as_retry_after_says_then_succeeds() -> None:
     with serve(max_workers=1, max_queued=1) as served:
         other = _queue_one_hung_step(served)

@@ -56,6 +56,9 @@ def test_bad_types_and_values_are_named() -> None:
         load_config(overrides=["rollout.backend=sglang"])
     with pytest.raises(ConfigError, match=r"rollout\.vllm\.mode: 'remote' is not one of \['colocate', 'server'\]"):
         load_config(overrides=["rollout.vllm.mode=remote"])
+    with pytest.raises(ConfigError, match=r"rollout\.vllm\.max_restarts must be an integer >= 0 .*got -1"):
+        load_config(overrides=["rollout.vllm.max_restarts=-1"])
+    assert load_config(overrides=["rollout.vllm.max_restarts=0"]).rollout.vllm.max_restarts == 0  # 0: never restart
     with pytest.raises(ConfigError, match="is not a section"):
         load_config(overrides=["steps=3", "steps.x=1"])
     with pytest.raises(ConfigError, match="key=value"):
