@@ -147,7 +147,7 @@ def _probe(policy: HFPolicy) -> bool:
         probe = torch.arange(3, 3 + 4 * PAD_MULTIPLE, device=policy.device).reshape(4, PAD_MULTIPLE)
         probe = probe % int(head.weight.shape[0])
         model.eval()
-        with torch.inference_mode():
+        with torch.inference_mode(), policy._autocast():  # as generation runs (a mixed-precision trainer's)
             logits = model(input_ids=probe, logits_to_keep=1).logits[:, -1]
             hidden = model.get_decoder()(input_ids=probe).last_hidden_state[:, -1]
             return torch.equal(head(hidden), logits)
