@@ -307,13 +307,14 @@ class VLLMServer:
     def close(self) -> None:
         """Stop the server and every process it started (its process group), also when the server itself has
         already exited: its engine-core and worker processes may have outlived it."""
-        _signal_group(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        _signal_group(self.process.pid, signal.SIGKILL)  # whatever of the group is left
+        if self.process.poll() is None:
+            _signal_group(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        _signal_group(self.process.pid, signal.SIGKILL)  # what is left of the group, after a crash too
         self._log.close()
 
 

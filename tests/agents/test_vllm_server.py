@@ -149,6 +149,7 @@ def test_the_server_is_told_its_worker_extension(monkeypatch: pytest.MonkeyPatch
 
     class Exited:  # stands in for the server process
         returncode = 0
+        pid = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process (group) has it: close signals none
 
         def __init__(self, command: list[str], env: dict[str, str], **_: Any) -> None:
             started.append((command, env))
