@@ -68,6 +68,8 @@ from rl_llm.agents.sampling import sample_tokens
 NEUTRAL_PROCESSORS = dict(
     repetition_penalty=1.0, no_repeat_ngram_size=0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0
 )
+
+
 class HFPolicy(LLMPolicy):
     name = "hf"
 
@@ -145,12 +147,19 @@ class HFPolicy(LLMPolicy):
             for start in range(0, len(indices), self.max_batch_size):
                 chunk = indices[start : start + self.max_batch_size]
                 chunk_requests, chunk_prompts = [requests[i] for i in chunk], [prompts[i] for i in chunk]
-                batch = generate_invariant(self, chunk_requests, chunk_prompts, self._autocast()) if merged \
+                batch = generate_invariant(self, chunk_requests, chunk_prompts) if merged \
                     else self._generate_batch(chunk_requests, chunk_prompts, width)  # fmt: skip
                 for index, completion in zip(chunk, batch):
                     completion.policy_version = version
                     completions[index] = completion
         return [completion for completion in completions if completion is not None]
+
+    def greedy_config(self, max_new_tokens: int) -> GenerationConfig:
+        """transformers' greedy decoding of the sampler's one-hot scores: its loop and KV cache, our draws."""
+        return GenerationConfig(
+            max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None,
+            eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_id, bos_token_id=None, **NEUTRAL_PROCESSORS,
+        )  # fmt: skip
 
     def _autocast(self) -> Any:
         if self.autocast_dtype is None:
@@ -173,11 +182,7 @@ class HFPolicy(LLMPolicy):
         criteria = StopStrings(self.tokenizer, prompt_length, stops, limits, self.stop_candidates(stops))
         sampler = RowSampler(self.sampling, torch.tensor(seeds, dtype=torch.int64, device=self.device), prompt_length)
         # Greedy decoding of the sampler's one-hot scores: transformers' loop and KV cache, our draws.
-        config = GenerationConfig(
-            max_new_tokens=max(limits), do_sample=False, temperature=None, top_p=None, top_k=None,
-            eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_id, bos_token_id=None,
-            **NEUTRAL_PROCESSORS,
-        )  # fmt: skip
+        config = self.greedy_config(max(limits))
         was_training = self.model.training
         self.model.eval()
         try:

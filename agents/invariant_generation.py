@@ -33,12 +33,11 @@ path (``supports_merged_decode``), so its rows stay batch-invariant either way.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache, GenerationConfig
+from transformers import DynamicCache
 
 try:  # transformers 5's attention and cache interfaces, which this layout plugs into
     from transformers.cache_utils import DynamicLayer
@@ -157,8 +156,7 @@ def _probe(policy: HFPolicy) -> bool:
         model.train(was_training)
 
 
-def generate_invariant(policy: HFPolicy, requests: Sequence[GenerationRequest], prompts: list[list[int]],
-                       autocast: AbstractContextManager[Any]) -> list[Completion]:  # fmt: skip
+def generate_invariant(policy: HFPolicy, requests: Sequence[GenerationRequest], prompts: list[list[int]]) -> list[Completion]:
     """Generate ``requests`` in the batch-invariant layout (module docstring); completions in request order."""
     seeds = [policy.request_seed(request) for request in requests]
     limits = [policy.max_new_tokens(request) for request in requests]
@@ -169,7 +167,7 @@ def generate_invariant(policy: HFPolicy, requests: Sequence[GenerationRequest], 
     was_training = policy.model.training
     policy.model.eval()  # a trainer's module: no dropout, and the one-query steps take the invariant attention
     try:
-        with torch.inference_mode(), autocast:
+        with torch.inference_mode(), policy._autocast():
             parts = [_prefill(policy, rows, width, prompts, seeds) for width, rows in sorted(widths.items())]
             results = _decode(policy, parts, seeds, limits, stops)
     finally:
@@ -197,7 +195,7 @@ def _prefill(policy: HFPolicy, rows: list[int], width: int, prompts: list[list[i
 def _decode(policy: HFPolicy, parts: list[_Prefilled], seeds: list[int], limits: list[int],
             stops: list[tuple[str, ...]]) -> dict[int, tuple[list[int], list[float], int | None]]:  # fmt: skip
     """Every row of ``parts`` decoded together from its first token on, in one cached ``generate`` call."""
-    from rl_llm.agents.hf import NEUTRAL_PROCESSORS, RowSampler, StopStrings
+    from rl_llm.agents.hf import RowSampler, StopStrings
 
     model = policy.model
     width = max(part.width for part in parts)
@@ -228,11 +226,8 @@ def _decode(policy: HFPolicy, parts: list[_Prefilled], seeds: list[int], limits:
     remaining = max(row_limits) - 1
     if remaining > 0 and not all(done[: len(rows)]):
         sampler = RowSampler(policy.sampling, torch.tensor(row_seeds, dtype=torch.int64, device=policy.device), width)
-        config = GenerationConfig(
-            max_new_tokens=remaining, do_sample=False, temperature=None, top_p=None, top_k=None,
-            eos_token_id=sorted(policy.eos_ids), pad_token_id=policy.pad_id, bos_token_id=None, **NEUTRAL_PROCESSORS,
-        )  # fmt: skip
-        out = model.generate(input_ids=sequences, attention_mask=mask, past_key_values=cache, generation_config=config,
+        out = model.generate(input_ids=sequences, attention_mask=mask, past_key_values=cache,
+                             generation_config=policy.greedy_config(remaining),
                              stopping_criteria=[criteria], logits_processor=[sampler])  # fmt: skip
         tokens = out[:, width:].tolist()
         logprobs = torch.cat([logprobs.cpu(), sampler.logprobs()], dim=1)
