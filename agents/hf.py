@@ -35,7 +35,6 @@ Each row stops at its own eos, its own first stop string or its own token limit.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -58,7 +57,7 @@ from rl_llm.agents.invariant_generation import (
     supports_merged_decode,
     use_batch_invariant_attention,
 )
-from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams, first_stop
+from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams, first_stop, named_draw_seed
 from rl_llm.agents.policy import Completion
 from rl_llm.agents.sampling import sample_tokens
 
@@ -217,15 +216,12 @@ class HFPolicy(LLMPolicy):
 
     def request_seed(self, request: GenerationRequest) -> int:
         """The seed of this request's random stream: a hash of (policy seed, episode seed, group, turn)."""
-        meta = request.metadata
         # Without a policy seed every draw is fresh: callers that play one task several times without naming
         # the group member (e.g. TRL repeating a prompt) must not get the same sample each time.
-        if self.seed is None or meta.get("seed") is None or "turn" not in meta:
+        seed = named_draw_seed(self.seed, request.metadata)
+        if seed is None:
             return int(torch.randint(0, 2**62, (1,), generator=self._fallback_seeds).item())
-        key = f"{self.seed}/{meta['seed']}/{meta.get('group_index', 0)}/{meta['turn']}"
-        if meta.get("seat"):  # a seat of a two-player game: each seat its own stream (agents/rollout.py)
-            key += f"/{meta['seat']}"
-        return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 2
+        return seed
 
     def _left_pad(self, prompts: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids = [[self.pad_id] * (width - len(p)) + p for p in prompts]

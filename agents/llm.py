@@ -23,6 +23,7 @@ Interface (stable; the rollout engine and the trainer build on it):
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -63,6 +64,19 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     max_new_tokens: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def named_draw_seed(policy_seed: int | None, metadata: dict[str, Any]) -> int | None:
+    """The 62-bit seed of a request's own random stream: a hash of (policy seed, episode seed, group index,
+    turn, seat), the names the rollout engine puts in ``request.metadata``; None when the policy or the request
+    names no draw. Every seeded backend (hf, vLLM offline and server) uses it, so a seed group's games draw
+    the same whatever their batch (docs/multi-agent.md#backends-and-asynchronous-training)."""
+    if policy_seed is None or metadata.get("seed") is None or "turn" not in metadata:
+        return None
+    key = f"{policy_seed}/{metadata['seed']}/{metadata.get('group_index', 0)}/{metadata['turn']}"
+    if metadata.get("seat"):  # a seat of a two-player game: each seat its own stream (agents/rollout.py)
+        key += f"/{metadata['seat']}"
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 2
 
 
 class LLMPolicy(Policy):

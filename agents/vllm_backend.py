@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_llm.agents.aio import run_sync
-from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams
+from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams, named_draw_seed
 from rl_llm.agents.policy import Completion
 
 logger = logging.getLogger(__name__)
@@ -91,6 +91,7 @@ class VLLMPolicy(LLMPolicy):
         stop: Sequence[str] = (),
         async_engine: bool = True,
         seed: int = 0,
+        seeded_draws: bool = False,
         gpu_memory_utilization: float = 0.5,
         enable_sleep_mode: bool = False,
         dtype: str = "auto",
@@ -98,6 +99,10 @@ class VLLMPolicy(LLMPolicy):
         **engine_kwargs: Any,
     ) -> None:
         super().__init__(sampling, stop)
+        # seeded_draws: requests that name their draw (the rollout engine's) get a seed of their own from it, as
+        # the hf backend seeds them (named_draw_seed): the same draw whatever the batch, where vLLM's logits
+        # allow. Off by default: vLLM samples seeded requests one at a time at every decode step.
+        self.seed = seed if seeded_draws else None
         vllm = require_vllm()
         self._vllm = vllm
         from rl_llm.agents.tiny import resolve_model
@@ -157,6 +162,7 @@ class VLLMPolicy(LLMPolicy):
             stop=list(request.stop) or None,
             include_stop_str_in_output=True,
             logprobs=0,  # the sampled token's log-prob only
+            seed=named_draw_seed(self.seed, request.metadata),
             skip_special_tokens=True,
             output_kind=self._final_only,
         )

@@ -37,7 +37,7 @@ import httpx
 
 from rl_llm.agents.aio import run_sync
 from rl_llm.agents.http_client import RetryingJSONClient, require
-from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams
+from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams, named_draw_seed
 from rl_llm.agents.policy import Completion
 from rl_llm.agents.vllm_backend import _load_tokenizer, engine_arg_names, require_vllm
 
@@ -81,9 +81,13 @@ class VLLMServerPolicy(LLMPolicy):
         max_concurrency: int = 256,
         raw_logprobs: bool = False,
         server: VLLMServer | None = None,
+        seed: int | None = None,
     ) -> None:
         super().__init__(sampling, stop)
         self.raw_logprobs = raw_logprobs
+        # With a seed, requests that name their draw (the rollout engine's) are sent a seed of their own, as the
+        # hf backend seeds them (named_draw_seed); without one the server's own sampling stream is used.
+        self.seed = seed
         self.model_name = model
         self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(model)
         self._client_options = {"timeout_s": timeout_s, "max_retries": max_retries, "max_concurrency": max_concurrency}
@@ -145,6 +149,8 @@ class VLLMServerPolicy(LLMPolicy):
             "logprobs": 1,
             "return_tokens_as_token_ids": True,
         }
+        if (seed := named_draw_seed(self.seed, request.metadata)) is not None:
+            body["seed"] = seed
         return await self.client.post("/completions", body, self._parse)
 
     def _parse(self, data: Any) -> Completion:

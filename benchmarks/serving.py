@@ -10,9 +10,12 @@ Printed per point: calls/s, p50 and p99 latency, and the ratios ``ours / bare`` 
 p99 <= 2x; docs/serving.md#targets). Also: the WebSocket endpoint ``/sessions/ws`` (one connection per
 client, whole episodes over it) against a bare WebSocket route, the same with the env replayed from a
 recording (``ws-replay``: the endpoint's own cost, without the env's), the server's RSS per open session, and
-the retriever server's queries/s.
+the retriever server's queries/s. The sandbox parts: whole Terminal-v0 episodes played by the oracle with
+N in flight (``terminal``: reset, step and check latency, episodes/s, where step p50 doubles against one
+episode alone, and a burst of resets against a low start cap) and bare sandbox shells (``sandboxes``).
 
     python benchmarks/serving.py [--seconds 4] [--clients 1 64 256 1000] [--only http ws ws-replay memory retriever]
+    python benchmarks/serving.py --only terminal [--terminal-episodes 1 4 16 64] [--terminal-burst 64]
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
@@ -531,6 +534,185 @@ def bench_sandboxes(args: argparse.Namespace) -> None:
     print(f"start cap: {starts.stats()}", flush=True)
 
 
+# -- whole Terminal-v0 episodes (the `terminal` part) -------------------------------------------------------
+TERMINAL_ID = "rl-llm/Terminal-v0"
+
+
+@dataclass
+class EpisodeTimes:
+    """One thread's whole Terminal-v0 episodes, in seconds per call."""
+
+    first_resets: list[float] = field(default_factory=list)  # the env's first reset: its sandbox starts (under
+    # the start cap), then the task is set up
+    resets: list[float] = field(default_factory=list)  # later resets: the env's sandbox is wiped, then set up
+    steps: list[float] = field(default_factory=list)  # the oracle's command steps: one shell command each
+    checks: list[float] = field(default_factory=list)  # each episode's last step: the shell stops, the check runs
+    episodes: int = 0
+    solved: int = 0  # episodes with reward 1: the check passed
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, other: EpisodeTimes) -> None:
+        self.first_resets += other.first_resets
+        self.resets += other.resets
+        self.steps += other.steps
+        self.checks += other.checks
+        self.episodes += other.episodes
+        self.solved += other.solved
+        self.errors += other.errors
+
+
+def pct_ms(values: list[float], q: float) -> float:
+    return Point(len(values), 1.0, values, 0).pct(q)
+
+
+def doubles_at(step_p50: list[tuple[int, float]], factor: float = 2.0) -> str:
+    """The first number in flight whose step p50 is at least ``factor`` times the first point's (the baseline,
+    one episode alone, measured in the same run), or up to where it was not reached."""
+    (base_n, base), rest = step_p50[0], step_p50[1:]
+    if not base > 0:  # no steps at the baseline (every episode failed): nothing to compare with
+        return f"no step p50 at N={base_n} to compare with"
+    for n, p50 in rest:
+        if p50 >= factor * base:
+            return f"step p50 doubles at N={n} ({p50 / base:.2f}x N={base_n})"
+    return f"step p50 does not double: not reached up to N={step_p50[-1][0]}"
+
+
+def play_terminal(env: Any, oracle: Any, seed: int, first: bool, times: EpisodeTimes) -> None:
+    """One whole episode: reset, then the oracle's turns (its task's solution commands, then done) through the
+    env's own parser, until the episode ends."""
+    from rl_llm.agents.policy import EpisodeStart, as_completion
+    from rl_llm.types import Message
+
+    t = time.perf_counter()
+    observation, info = env.reset(seed=seed)
+    (times.first_resets if first else times.resets).append(time.perf_counter() - t)
+    agent = oracle.start_episode(EpisodeStart(env, info, seed=seed))
+    messages = [Message("system", info["system_prompt"]), Message("user", observation)]
+    done, reward = False, 0.0
+    while not done:
+        action = as_completion(agent.act(messages)).text
+        t = time.perf_counter()
+        observation, reward, terminated, truncated, info = env.step(action)
+        done = terminated or truncated
+        (times.checks if done else times.steps).append(time.perf_counter() - t)
+        messages += [Message("assistant", action), Message("user", observation)]
+    times.episodes += 1
+    times.solved += reward == 1.0
+
+
+def terminal_worker(backend: str, seconds: float, first_seed: int) -> EpisodeTimes:
+    """Episodes on one env: the first (its sandbox starts), then more for ``seconds`` after it ends, so every
+    point measures steady episodes however long the first ones queued. An episode that raises is counted and
+    its error kept; the next episode begins with a reset, as a rollout's would."""
+    import gymnasium as gym
+
+    from rl_llm.agents.baselines.terminal import TerminalOracle
+
+    times = EpisodeTimes()
+    env = gym.make(TERMINAL_ID, sandbox=backend)
+    oracle, seed, first, stop = TerminalOracle(), first_seed, True, 0.0
+    try:
+        while True:
+            try:
+                play_terminal(env, oracle, seed, first, times)
+            except Exception as exc:  # a failure is counted and printed, never hidden
+                times.errors.append(f"seed {seed}: {type(exc).__name__}: {exc}")
+            if first:
+                stop = time.perf_counter() + seconds
+            first, seed = False, seed + 1
+            if time.perf_counter() >= stop:
+                break
+    finally:
+        env.close()
+    return times
+
+
+def terminal_burst(backend: str, n: int, limit: int) -> str:
+    """``n`` fresh envs reset at once (released together by a barrier) with the start cap at ``limit``: the
+    starts past the cap queue for a slot instead of failing (docs/serving.md#sandboxes-at-fleet-scale)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import gymnasium as gym
+
+    from rl_llm.sandboxes.factory import starts
+
+    envs = [gym.make(TERMINAL_ID, sandbox=backend) for _ in range(n)]
+    barrier = threading.Barrier(n, timeout=120)
+    latencies: list[float] = []
+    errors: list[str] = []
+
+    def reset(i: int) -> None:
+        barrier.wait()
+        t = time.perf_counter()
+        try:
+            envs[i].reset(seed=900_000 + i)
+            latencies.append(time.perf_counter() - t)
+        except Exception as exc:  # counted and printed
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    before = starts.stats()
+    starts.set_limit(limit)
+    try:
+        with ThreadPoolExecutor(n) as pool:
+            list(pool.map(reset, range(n)))
+    finally:
+        starts.set_limit(before["limit"])
+        for env in envs:
+            env.close()
+    after = starts.stats()
+    # The gate's peak is a process-wide maximum: it is this burst's only when no sandbox started before it.
+    peak = f"peak {after['peak']} starting at once" if before["started"] == 0 else "peak not separable"
+    line = (f"{backend} burst: {n} resets released at once, start cap {limit}: {len(errors)} failed, "
+            f"{after['waited'] - before['waited']} of {after['started'] - before['started']} sandbox starts "
+            f"waited for a slot ({peak}), reset p50 {pct_ms(latencies, 0.5):.0f} ms, "
+            f"p99 {pct_ms(latencies, 0.99):.0f} ms")
+    return "\n".join([line, *(f"  error: {e}" for e in errors[:3])])
+
+
+def bench_terminal(args: argparse.Namespace) -> None:
+    """Concurrent whole Terminal-v0 episodes (bwrap, and docker where an engine answers), the env's own sandbox
+    backend and the oracle baseline: N threads each play episodes on their own env for the point's seconds.
+    Step latency is set against one episode alone, measured in the same run: where it passes 2x, the
+    machine is full. Before the points, a burst of resets against a low start cap."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rl_llm.sandboxes import backend_problem
+
+    for backend in ("bwrap", "docker"):
+        problem = backend_problem(backend)
+        if problem is not None:
+            print(f"terminal episodes on {backend}: skipped: {problem}", flush=True)
+            continue
+        # The burst first: with no sandbox started before it in this process, the start gate's peak is its own.
+        print(terminal_burst(backend, args.terminal_burst, args.terminal_start_limit), flush=True)
+        print("| backend | episodes in flight | first reset p50 / p99 ms (sandbox start + setup) | "
+              "reset p50 / p99 ms (sandbox wipe + setup) | step p50 / p99 ms | check step p50 / p99 ms | "
+              "step p50 vs 1 episode | episodes/s | solved | errors |\n"
+              "|---|---|---|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
+        points: list[tuple[int, float]] = []
+        for n in sorted(args.terminal_episodes):
+            begin = time.perf_counter()
+            with ThreadPoolExecutor(n) as pool:
+                parts = list(pool.map(lambda i, b=backend: terminal_worker(b, args.seconds, 10_000 * i), range(n)))
+            elapsed = time.perf_counter() - begin
+            times = EpisodeTimes()
+            for part in parts:
+                times.add(part)
+            errors = times.errors
+            step = pct_ms(times.steps, 0.5)
+            points.append((n, step))
+            base = points[0][1]
+            print(f"| {backend} | {n} | {pct_ms(times.first_resets, 0.5):.0f} / {pct_ms(times.first_resets, 0.99):.0f}"
+                  f" | {pct_ms(times.resets, 0.5):.0f} / {pct_ms(times.resets, 0.99):.0f} | {step:.1f} / "
+                  f"{pct_ms(times.steps, 0.99):.1f} | {pct_ms(times.checks, 0.5):.0f} / {pct_ms(times.checks, 0.99):.0f}"
+                  f" | {step / base:.2f}x | {times.episodes / elapsed:.2f} | "
+                  f"{times.solved / max(1, times.episodes):.0%} of {times.episodes} | {len(errors)} |", flush=True)
+            for error in errors[:3]:
+                print(f"  error: {error}", flush=True)
+        print(f"{backend}: {doubles_at(points)}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--serve", choices=["bare", "http", "replay"], help=argparse.SUPPRESS)
@@ -539,10 +721,16 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 64, 256, 1000])
     parser.add_argument("--rounds", type=int, default=2, help="alternate bare/ours this many times per point")
     parser.add_argument("--sessions", type=int, default=10000, help="open sessions for the memory figure")
-    parts = ["http", "ws", "ws-replay", "openenv-http", "openenv-ws", "memory", "retriever", "sandboxes"]
+    parts = ["http", "ws", "ws-replay", "openenv-http", "openenv-ws", "memory", "retriever", "terminal", "sandboxes"]
     parser.add_argument("--sandbox-sessions", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--terminal-episodes", type=int, nargs="+", default=[1, 4, 16, 64],
+                        help="Terminal-v0 episodes in flight per point; the smallest is the baseline")
+    parser.add_argument("--terminal-burst", type=int, default=64, help="resets released at once in the burst")
+    parser.add_argument("--terminal-start-limit", type=int, default=8, help="the start cap during the burst")
     parser.add_argument("--only", nargs="+", default=parts, choices=parts)
     args = parser.parse_args()
+    if min([*args.terminal_episodes, args.terminal_burst, args.terminal_start_limit]) < 1:
+        parser.error("--terminal-episodes, --terminal-burst and --terminal-start-limit take positive numbers")
     if args.serve:
         return serve(args.serve, args.port)
     print(f"serving benchmark: {os.cpu_count()} CPUs, {args.seconds:g} s per point, {ENV_ID} horizon {HORIZON}")
@@ -553,6 +741,8 @@ def main() -> None:
         bench_memory(args)
     if "retriever" in args.only:
         bench_retriever(args)
+    if "terminal" in args.only:  # before `sandboxes`, so the burst is the process's first sandbox starts
+        bench_terminal(args)
     if "sandboxes" in args.only:
         bench_sandboxes(args)
 

@@ -3,27 +3,16 @@ and pytest's counts, against hand-computed values."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+from tests.scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def gpu_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses look their module up while the class is built
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules["gpu_check"]
-    return module
+    return load_benchmark("gpu_check")
 
 
 # Qwen2.5-0.5B's linears per layer (in, out): q, k, v, o, gate, up, down; 24 layers.

@@ -47,6 +47,7 @@ def train_async_grpo(config: TrainConfig, run_dir: str | Path) -> dict[str, Any]
                 # 2. Bound the staleness: the update about to run makes version `step`; its data may come from
                 #    versions step-1-N .. step-1.
                 trajectories, stale = fresh_enough(ready.trajectories, step - 1 - config.rollout.max_staleness)
+                run.matches = ready.matches  # a game: both seats of each match, for its advantages and metrics
                 # 3-4. Score, advantages and update exactly as grpo.py does (set loss.tis_cap to weight stale
                 #      tokens by truncated importance weights against the generator's log-probs).
                 batch, stats = score_and_update(run, trajectories, timer)

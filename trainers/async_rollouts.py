@@ -49,6 +49,9 @@ class RolloutBatch:
     idle_s: float  # generator time spent waiting for new enough weights before this batch
     paused: int = 0  # episodes left paused for the next step (partial rollouts)
     groups: dict[str, float] = field(default_factory=dict)  # drawn/kept/dropped counts (trainers/filtering.py)
+    # A two-player game: the step's matches, both seats each; ``trajectories`` are their learner seats, and the
+    # advantages need both seats of a match (trainers/social.py match_advantages).
+    matches: list[Any] | None = None
 
 
 @dataclass
@@ -160,9 +163,15 @@ class BackgroundRollouts:
                         return
                 idle = time.perf_counter() - waited
                 started = time.perf_counter()
-                trajectories, seeds, paused, counts = self._play_partial() if self.partial else self._play_full()
+                matches = None
+                if self.run.opponents is not None:  # a game: whole matches (partial rollouts are refused for games)
+                    # no dynamic sampling for games (refused at config), so no group counts, as synchronously
+                    (trajectories, seeds, matches), paused, groups = self._play_matches(), 0, {}
+                else:
+                    trajectories, seeds, paused, counts = self._play_partial() if self.partial else self._play_full()
+                    groups = counts.metrics()
                 self._batches.put(RolloutBatch(step, trajectories, seeds, time.perf_counter() - started, idle, paused,
-                                               counts.metrics()))  # fmt: skip
+                                               groups, matches))  # fmt: skip
         except BaseException as error:  # the trainer re-raises it from next_batch
             self._batches.put(error)
 
@@ -180,6 +189,16 @@ class BackgroundRollouts:
         trajectories, counts = fill_groups(play, lambda n: [self._new_seed() for _ in range(n)], seeds,
                                            self.groups_per_step, self.filter, self.min_episodes)  # fmt: skip
         return trajectories, drawn, 0, counts
+
+    def _play_matches(self) -> tuple[list[Trajectory], list[int], list[Any]]:
+        """A two-player game's step: ``group_size`` matches per seed group, as the synchronous loop plays them
+        (``TrainingRun.play_matches``: the opponents' plan, seeded per request), so N=0 repeats it exactly. The
+        batch's trajectories are the learner seats; its matches hold both seats."""
+        from rl_llm.trainers.social import learner_trajectories
+
+        seeds = [self._new_seed() for _ in range(self.groups_per_step)]
+        matches = self.run.play_matches(seeds)
+        return learner_trajectories(matches), seeds, matches
 
     def _play_partial(self) -> tuple[list[Trajectory], list[int], int, GroupCounts]:
         while len(self._open) < self.groups_per_step + self.extra_groups:

@@ -88,6 +88,10 @@ class VllmConfig:
     # server's log and the resume command (docs/vllm.md#when-the-server-dies)
     max_restarts: int = 3
     max_model_len: int | None = None
+    # Each request its own seed, named as the hf backend names its draws (run seed, episode seed, group member,
+    # turn, seat): the same draws whatever the batch where vLLM's logits are batch-invariant. Off by default:
+    # vLLM samples seeded requests one by one at every decode step, a cost at large batches (docs/vllm.md).
+    seeded_draws: bool = False
 
 
 @dataclass
@@ -234,6 +238,16 @@ class SocialConfig:
     # Subtracted from the advantage of an invalid turn's tokens (round credit). The paper constrains decoding to
     # legal moves; without that, an invalid move played as the default (defect) shares defection's credit.
     invalid_penalty: float = 0.0
+    # round: an invalid turn's tokens share the round's credit, less invalid_penalty (where the env's own reward
+    # penalises an illegal move, as TicTacToe's does) | penalty: they get -invalid_penalty alone. An invalid
+    # reply the game plays as a move is not that move: with "round" it shares the move's credit, and a rare
+    # invalid token with a large positive credit is pushed up hard (docs/multi-agent.md#centred-advantages).
+    invalid_credit: str = "round"
+    # Subtract the batch mean of the learner's per-round advantages (after Advantage Alignment, before the
+    # invalid penalty). In self-play the Advantage Alignment term has a negative mean, which without
+    # constrained decoding pushes probability off both legal moves onto invalid replies
+    # (docs/multi-agent.md#centred-advantages).
+    center_advantages: bool = False
     # The league (opponent "league"): up to league_size past policies (the paper: 30; 0: off), the current one
     # added every league_every steps from step 0 on, the oldest evicted (docs/multi-agent.md#the-league).
     league_size: int = 0

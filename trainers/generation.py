@@ -154,6 +154,7 @@ def build_generator(config: TrainConfig, model: nn.Module, tokenizer: object, mo
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         return VLLMPolicy(
             model_path, tokenizer=tokenizer, sampling=sampling, async_engine=False, seed=config.seed,
+            seeded_draws=vllm.seeded_draws,
             gpu_memory_utilization=vllm.gpu_memory_utilization, enable_sleep_mode=vllm.sleep,
             max_model_len=vllm.max_model_len, dtype=config.model.dtype,
         )  # fmt: skip
@@ -201,7 +202,8 @@ def server_generator(config: TrainConfig, model_path: str | Path, tokenizer: obj
 
     vllm = config.rollout.vllm
     if vllm.server_url:
-        return VLLMServerPolicy(vllm.server_url, str(model_path), tokenizer=tokenizer, sampling=sampling)
+        return VLLMServerPolicy(vllm.server_url, str(model_path), tokenizer=tokenizer, sampling=sampling,
+                                seed=config.seed if vllm.seeded_draws else None)  # fmt: skip
     gpus, own_gpu = server_placement(device, vllm.server_gpus)
     args = ["--dtype", config.model.dtype, "--seed", str(config.seed)]
     if vllm.max_model_len:
@@ -212,4 +214,5 @@ def server_generator(config: TrainConfig, model_path: str | Path, tokenizer: obj
     # The trainer's weight receiver in the server's workers: ServerWeightSync pushes weights into them.
     server_options = {"worker_extension": WEIGHT_RECEIVER, "gpus": gpus, "log_path": log_path}
     return VLLMServerPolicy.launch(model_path, server_args=[*args, *vllm.server_args], server_options=server_options,
-                                  sampling=sampling, tokenizer=tokenizer)  # fmt: skip
+                                  sampling=sampling, tokenizer=tokenizer,
+                                  seed=config.seed if vllm.seeded_draws else None)  # fmt: skip

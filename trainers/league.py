@@ -93,10 +93,15 @@ class League:
                 path.unlink(missing_ok=True)
 
     # -- playing a member -----------------------------------------------------------------------------------
-    def player(self, step: int, model: nn.Module, generator: HFPolicy) -> LeaguePolicy:
+    def player(self, step: int, model: nn.Module, generator: Any, autocast_dtype: torch.dtype | None = None,
+               max_batch_size: int = 32, seed: int | None = None) -> LeaguePolicy:  # fmt: skip
         """The policy that plays member ``step``: one frozen copy of ``model`` (the trainer's module, built on
         first use), the member's tensors copied in when the member changes. Its sampling follows
-        ``generator``'s (settings, seed, autocast), so it draws as the policy itself would."""
+        ``generator``'s (settings, seed, autocast), so it draws as the policy itself would. A vLLM generator
+        lends only its sampling settings (its draws are seeded by ``seed``, the run's, whether or not vLLM's
+        are): the member plays through HF on the trainer's device, under
+        ``autocast_dtype`` (the trainer's) and in batches of ``max_batch_size``
+        (docs/multi-agent.md#backends-and-asynchronous-training)."""
         if step not in self.members:
             raise KeyError(f"step {step} is not a member of the league {self.members}")
         if self._frozen is None:
@@ -112,9 +117,10 @@ class League:
         if self._player is None:
             module = self._frozen.get_base_model() if is_peft(self._frozen) else self._frozen
             self._player = LeaguePolicy(module, generator.tokenizer, sampling=generator.sampling,
-                                        max_batch_size=generator.max_batch_size, seed=generator.seed,
-                                        batch_invariant=generator.batch_invariant,
-                                        autocast_dtype=generator.autocast_dtype)  # fmt: skip
+                                        max_batch_size=getattr(generator, "max_batch_size", max_batch_size),
+                                        seed=generator.seed if seed is None else seed,
+                                        batch_invariant=getattr(generator, "batch_invariant", None),
+                                        autocast_dtype=getattr(generator, "autocast_dtype", autocast_dtype))  # fmt: skip
         self._player.sampling = generator.sampling
         self._player.name = member_label(step)
         return self._player

@@ -213,26 +213,41 @@ class TrainingRun:
         # again from the same task state, so its data is whole (bounded: docs/vllm.md#when-the-server-dies).
         next_seed, tasks = self.next_seed, self.tasks.state_dict()
         trajectories = self._play(seeds)
-        while self.generation.recover(trajectories):
+        while self.generation.recover(self._played(trajectories)):
             self.next_seed = next_seed
             self.tasks.load_state_dict(tasks)
-            trajectories = self._play(seeds)
+            trajectories = self._play(seeds)  # a game's whole matches again, both seats (self.matches)
         self.sync.before_update()
         release_cached_memory(self.device)  # generation's KV caches: free for the update (and a colocated engine)
         return trajectories
 
-    def _play(self, seeds: list[int]) -> list[Trajectory]:
-        rollout = self.config.rollout
-        if self.opponents is not None:  # a two-player game: matches, the learner's seats are trained on
-            from rl_llm.trainers.social import play_games
+    def _played(self, trajectories: list[Trajectory]) -> list[Trajectory]:
+        """Every trajectory of the last rollout: a game's seats of both players, else ``trajectories``."""
+        if self.matches is None:
+            return trajectories
+        return [seat for match in self.matches for seat in match.seats]
 
-            league_player = None
-            if self.league is not None:  # the weights after step s join as member s (trainers/league.py)
-                self.league.update(self.step, self.model)
-                league_player = functools.partial(self.league.player, model=self.model, generator=self.generator)
-            self.matches = play_games(self.config, self.generator, seeds, rollout.group_size, self.opponents.plan,
-                                      rollout.max_new_tokens, rollout.concurrency, league_player)  # fmt: skip
-            return [match.seats[s] for match in self.matches for s in match.learner]
+    def play_matches(self, seeds: list[int]) -> list[Any]:
+        """``group_size`` matches per seed of a two-player game as the opponents plan says (trainers/social.py);
+        the asynchronous generator calls it too, from its own thread (no league there: refused at config)."""
+        from rl_llm.trainers.social import play_games
+
+        rollout = self.config.rollout
+        league_player = None
+        if self.league is not None:  # the weights after step s join as member s (trainers/league.py)
+            self.league.update(self.step, self.model)
+            league_player = functools.partial(self.league.player, model=self.model, generator=self.generator,
+                                              autocast_dtype=self.precision.autocast_dtype,
+                                              max_batch_size=rollout.concurrency, seed=self.config.seed)  # fmt: skip
+        return play_games(self.config, self.generator, seeds, rollout.group_size, self.opponents.plan,
+                          rollout.max_new_tokens, rollout.concurrency, league_player)  # fmt: skip
+
+    def _play(self, seeds: list[int]) -> list[Trajectory]:
+        if self.opponents is not None:  # a two-player game: matches, the learner's seats are trained on
+            from rl_llm.trainers.social import learner_trajectories
+
+            self.matches = self.play_matches(seeds)
+            return learner_trajectories(self.matches)
         # curriculum options per seed, dynamic sampling's refills (trainers/filtering.py)
         trajectories, self.sampling_metrics = collect_step(self, seeds)
         return trajectories

@@ -118,9 +118,12 @@ def check_env_config(config: TrainConfig) -> None:
                       "games train with the GRPO-family loop (rloo, reinforce, grpo, drgrpo)"),
         "otc.enabled": (config.otc.enabled, "OTC is a single-agent tool-call reward"),
         "rollout.pods_keep": (config.rollout.pods_keep is not None, "PODS down-sampling would break the match pairs"),
-        "rollout.max_staleness": (config.rollout.max_staleness is not None,
-                                  "asynchronous training is not implemented for games yet"),
-        "rollout.backend": (config.rollout.backend != "hf", "games train with the hf backend only for now (no vLLM yet)"),
+        # docs/multi-agent.md#backends-and-asynchronous-training: a match is trained on whole (both seats).
+        "rollout.partial_rollouts": (config.rollout.partial_rollouts,
+                                     "a match paused mid-game would split the pair of seats its advantages need"),
+        "social.opponents": (LEAGUE in config.social.opponents and config.rollout.max_staleness is not None,
+                             "league with asynchronous training (rollout.max_staleness): members are the trainer's "
+                             "weights at step boundaries, which a generator running ahead does not have"),
         "social.per_seat_policies": (config.social.per_seat_policies, "separate policies per seat are not implemented yet"),
     }  # fmt: skip
     for key, (bad, why) in refused.items():
@@ -135,6 +138,8 @@ def check_env_config(config: TrainConfig) -> None:
                           "for grpo/drgrpo")
     if social.advantage_alignment and social.credit != "round":
         raise ConfigError("social.advantage_alignment needs social.credit=round (per-round advantages)")
+    if social.center_advantages and social.credit != "round":
+        raise ConfigError("social.center_advantages needs social.credit=round (it centres per-round advantages)")
     if social.learner_seat not in ("alternate", *SEATS):
         raise ConfigError(f"social.learner_seat: {social.learner_seat!r} is not one of ['alternate', *{list(SEATS)}]")
     from rl_llm.agents.baselines.social import SOCIAL_BASELINES
@@ -162,6 +167,10 @@ def check_env_config(config: TrainConfig) -> None:
             raise ConfigError(f"social.{key} must be in [0, 1], got {value}")
     if social.invalid_penalty < 0 or (social.invalid_penalty and social.credit != "round"):
         raise ConfigError("social.invalid_penalty must be >= 0, and works with social.credit=round")
+    if social.invalid_credit not in ("round", "penalty"):
+        raise ConfigError(f"social.invalid_credit: {social.invalid_credit!r} is not one of ['round', 'penalty']")
+    if social.invalid_credit == "penalty" and social.credit != "round":
+        raise ConfigError("social.invalid_credit=penalty works with social.credit=round")
     if social.reward_scale is not None and social.reward_scale <= 0:
         raise ConfigError(f"social.reward_scale must be positive, got {social.reward_scale}")
 
@@ -254,14 +263,16 @@ def advantage_alignment(own: Sequence[float], opponent: Sequence[float], beta: f
 
 
 def token_advantages(trajectories: Sequence[Trajectory], per_round: Sequence[dict[int, float]],
-                     policy_mask: torch.Tensor, invalid_penalty: float = 0.0) -> torch.Tensor:
+                     policy_mask: torch.Tensor, invalid_penalty: float = 0.0,
+                     invalid_shares_round: bool = True) -> torch.Tensor:
     """Each turn's policy tokens get the advantage of the turn's round, less ``invalid_penalty`` on an invalid
-    turn: ``[N, T]`` like ``policy_mask``."""
+    turn (``-invalid_penalty`` alone when not ``invalid_shares_round``): ``[N, T]`` like ``policy_mask``."""
     out = torch.zeros(policy_mask.shape, dtype=torch.float32)
     for row, (trajectory, advantages) in enumerate(zip(trajectories, per_round, strict=True)):
         for index, turn in enumerate(trajectory.turns):
             key = int(turn.info.get("round", index + 1))
-            value = float(advantages.get(key, 0.0)) - (invalid_penalty if turn.invalid_action else 0.0)
+            value = 0.0 if turn.invalid_action and not invalid_shares_round else float(advantages.get(key, 0.0))
+            value -= invalid_penalty if turn.invalid_action else 0.0
             out[row, turn.token_start : turn.token_end] = value
     return out.to(policy_mask.device) * policy_mask.to(torch.float32)
 
@@ -273,6 +284,11 @@ class Match:
     seats: tuple[Trajectory, ...]
     learner: tuple[int, ...]
     opponent: str  # self_play or the baseline's name
+
+
+def learner_trajectories(matches: Sequence[Match]) -> list[Trajectory]:
+    """The trajectories a game step trains on: the learner's seats of each match (both in self-play)."""
+    return [match.seats[s] for match in matches for s in match.learner]
 
 
 def match_advantages(matches: Sequence[Match], config: TrainConfig) -> dict[int, dict[int, float]]:
@@ -308,6 +324,10 @@ def match_advantages(matches: Sequence[Match], config: TrainConfig) -> dict[int,
                                               settings["beta"], settings["gamma_aa"])  # fmt: skip
                 own = dict(zip(keys, aligned, strict=True))
             out[id(match.seats[s])] = own
+    if config.social.center_advantages:
+        values = [value for advantages in out.values() for value in advantages.values()]
+        mean = sum(values) / len(values) if values else 0.0
+        out = {key: {t: value - mean for t, value in advantages.items()} for key, advantages in out.items()}
     return out
 
 
@@ -317,7 +337,7 @@ def game_advantages(trajectories: Sequence[Trajectory], matches: Sequence[Match]
     if config.social.credit == "round":
         per_trajectory = match_advantages(matches, config)
         return token_advantages(trajectories, [per_trajectory.get(id(t), {}) for t in trajectories], policy_mask,
-                                config.social.invalid_penalty)  # fmt: skip
+                                config.social.invalid_penalty, config.social.invalid_credit == "round")  # fmt: skip
     from rl_llm.trainers.advantages import broadcast, outcome_advantages
 
     role = resolved(config)["role_baseline"]

@@ -19,20 +19,32 @@ from rl_llm.envs.social.base import (
 )
 from rl_llm.envs.tictactoe.rules import (
     CELL_NAMES,
+    CELL_NUMBERS,
     EMPTY_BOARD,
     HOW_TO_PLAY,
+    HOW_TO_PLAY_NUMBERS,
     legal_moves,
     play,
     read_move,
     render_board,
+    render_numbered_board,
     winner,
 )
 
 MARKS = {AGENTS[0]: "X", AGENTS[1]: "O"}
-RULES = (
-    f"You are playing tic-tac-toe against another player. {HOW_TO_PLAY} On your turn, answer with your move "
-    "inside <move></move>, for example <move>B2</move>."
-)
+
+
+def _rules(how_to_play: str, example: str) -> str:
+    return (f"You are playing tic-tac-toe against another player. {how_to_play} On your turn, answer with your "
+            f"move inside <move></move>, for example <move>{example}</move>.")  # fmt: skip
+
+
+RULES = _rules(HOW_TO_PLAY, "B2")
+# cell_names -> (the cells' names, how the board is drawn, the rules), as the single-agent TicTacToe-v0's
+NAMINGS = {
+    "letters": (CELL_NAMES, render_board, RULES),
+    "numbers": (CELL_NUMBERS, render_numbered_board, _rules(HOW_TO_PLAY_NUMBERS, "5")),
+}
 
 
 class raw_env(TwoPlayerTextGame, AECEnv[str, str, str]):  # lower-case: PettingZoo's module convention
@@ -65,9 +77,11 @@ class raw_env(TwoPlayerTextGame, AECEnv[str, str, str]):  # lower-case: PettingZ
 
     ## Arguments
     - ``max_retries`` (2), ``illegal_move_penalty`` (0.0), ``show_legal_moves`` (True), ``render_mode``.
+    - ``cell_names`` ("letters"): ``"letters"`` (A1..C3) or ``"numbers"`` (1..9 row-major, the board showing
+      each empty cell's number; one token per move for most tokenizers), as ``rl-llm/TicTacToe-v0``'s.
 
     ## Version History
-    - v0: initial release.
+    - v0: initial release; ``cell_names`` added later (the default keeps the original observations).
     """
 
     metadata: ClassVar[dict[str, Any]] = {
@@ -81,8 +95,12 @@ class raw_env(TwoPlayerTextGame, AECEnv[str, str, str]):  # lower-case: PettingZ
         illegal_move_penalty: float = 0.0,
         show_legal_moves: bool = True,
         render_mode: str | None = None,
+        cell_names: str = "letters",
     ) -> None:
         super().__init__()
+        if cell_names not in NAMINGS:
+            raise ValueError(f"tictactoe_v0: cell_names must be one of {sorted(NAMINGS)}, got {cell_names!r}")
+        self.cell_names, self._render, self.rules = NAMINGS[cell_names]
         self._setup(max_retries=max_retries, render_mode=render_mode)
         self.illegal_move_penalty = float(illegal_move_penalty)
         self.show_legal_moves = show_legal_moves
@@ -100,12 +118,12 @@ class raw_env(TwoPlayerTextGame, AECEnv[str, str, str]):  # lower-case: PettingZ
         self._reset_counters()
         self._moves = dict.fromkeys(AGENTS, 0)
         self.result: str | None = None
-        self._observations = {agent: f"{RULES}\n\n{self._board_text(agent)}" for agent in AGENTS}
+        self._observations = {agent: f"{self.rules}\n\n{self._board_text(agent)}" for agent in AGENTS}
         self.infos = {agent: self._info(agent, invalid=False) for agent in AGENTS}
         for agent in AGENTS:
             system_prompt = f"You are {agent}, playing {MARKS[agent]} in a game of tic-tac-toe against another player."
             self.infos[agent].update(system_prompt=system_prompt, stop=list(self.stop))
-        self._transcript = [f"[rules]\n{RULES}", render_board(self.board)]
+        self._transcript = [f"[rules]\n{self.rules}", self._render(self.board)]
         self._printed = 0
         self._echo()
 
@@ -122,7 +140,7 @@ class raw_env(TwoPlayerTextGame, AECEnv[str, str, str]):  # lower-case: PettingZ
         self._cumulative_rewards[agent] = 0.0
         self.rewards = dict.fromkeys(self.agents, 0.0)
         self._transcript.append(f"[{agent}]\n{truncate_middle(action, TRANSCRIPT_ACTION_CHARS)}")
-        cell, reason = read_move(action, self.board)
+        cell, reason = read_move(action, self.board, self.cell_names)
         note = ""
         if cell is None:
             left = self._count_invalid(agent)
@@ -134,11 +152,11 @@ class raw_env(TwoPlayerTextGame, AECEnv[str, str, str]):  # lower-case: PettingZ
                 return
             choices = legal_moves(self.board)
             cell = int(choices[self.rng.integers(len(choices))])
-            note = f"Illegal move. {reason} Too many illegal moves: {CELL_NAMES[cell]} was played for you.\n\n"
+            note = f"Illegal move. {reason} Too many illegal moves: {self.cell_names[cell]} was played for you.\n\n"
         self._streak[agent] = 0
         self._moves[agent] += 1
         self.board = play(self.board, cell, MARKS[agent])
-        self._transcript.append(f"{agent} plays {CELL_NAMES[cell]}\n{render_board(self.board)}")
+        self._transcript.append(f"{agent} plays {self.cell_names[cell]}\n{self._render(self.board)}")
         self.result = winner(self.board)
         them = other(agent)
         if self.result is not None:
@@ -150,9 +168,9 @@ class raw_env(TwoPlayerTextGame, AECEnv[str, str, str]):  # lower-case: PettingZ
             self._transcript.append(f"[result] {self.result}")
         else:
             self.agent_selection = them
-            news = f"The other player ({MARKS[agent]}) played {CELL_NAMES[cell]}."
+            news = f"The other player ({MARKS[agent]}) played {self.cell_names[cell]}."
             first_turn = self._moves[them] == 0 and self._invalid[them] == 0
-            rules = f"{RULES}\n\n" if first_turn else ""  # O's first turn: it has not seen the rules yet
+            rules = f"{self.rules}\n\n" if first_turn else ""  # O's first turn: it has not seen the rules yet
             self._observations[them] = f"{rules}{news}\n\n{self._board_text(them)}"
             self._observations[agent] = note + self._board_text(agent)
         self._finish_step(agent, invalid=bool(note))
@@ -165,12 +183,12 @@ class raw_env(TwoPlayerTextGame, AECEnv[str, str, str]):  # lower-case: PettingZ
         self._echo()
 
     def _board_text(self, agent: str) -> str:
-        lines = [render_board(self.board), f"You play {MARKS[agent]}."]
+        lines = [self._render(self.board), f"You play {MARKS[agent]}."]
         if agent != self.agent_selection:
             lines.append(f"Waiting for the other player ({MARKS[other(agent)]}) to move.")
             return "\n".join(lines)
         if self.show_legal_moves:
-            lines.append("Legal moves: " + ", ".join(CELL_NAMES[c] for c in legal_moves(self.board)))
+            lines.append("Legal moves: " + ", ".join(self.cell_names[c] for c in legal_moves(self.board)))
         lines.append("Your move: answer with <move>CELL</move>.")
         return "\n".join(lines)
 

@@ -309,6 +309,24 @@ def test_tictactoe_illegal_moves_get_feedback_then_a_random_legal_move() -> None
     assert env.unwrapped.board.count("O") == 1 and env.infos[P1]["metrics"]["default_actions"] == 1
 
 
+def test_tictactoe_numbered_cells_name_every_move_and_the_minimax_baseline_answers_in_them() -> None:
+    from rl_llm.agents.baselines.tictactoe import Minimax
+    from rl_llm.types import Message
+
+    env = tictactoe_v0.env(cell_names="numbers", max_retries=0)
+    env.reset(seed=0)
+    first = env.observe(P0)
+    assert "Cells are numbered 1-9" in first and "<move>5</move>" in first and "Legal moves: 1, 2, 3, 4, 5" in first
+    env.step("<move>5</move>")
+    assert "The other player (X) played 5." in env.observe(P1) and "\n4 X 6\n" in env.observe(P1)
+    assert Minimax(seed=0).respond([Message("user", env.observe(P1))]) in {f"<move>{c}</move>" for c in "1379"}
+    env.step("<move>5</move>")  # taken, no retries: a random legal move is played for O, named by its number
+    assert "was played for you" in env.observe(P1) and "B2" not in env.observe(P1)
+    assert env.unwrapped.board.count("O") == 1
+    with pytest.raises(ValueError, match="cell_names must be one of"):
+        tictactoe_v0.env(cell_names="coordinates")
+
+
 def test_tictactoe_draw_pays_zero() -> None:
     env = tictactoe_v0.env()
     env.reset(seed=0)

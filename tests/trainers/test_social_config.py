@@ -35,8 +35,10 @@ def test_the_cli_answers_an_unknown_env_in_one_line(tmp_path: Path, capsys: pyte
         (["algorithm=ppo"], "algorithm"),
         (["otc.enabled=true"], "otc.enabled"),
         (["rollout.pods_keep=2"], "rollout.pods_keep"),
-        (["rollout.max_staleness=1"], "rollout.max_staleness"),
-        (["rollout.backend=vllm"], "rollout.backend"),
+        # a match paused mid-game would split its pair of seats (docs/multi-agent.md#backends-and-asynchronous-training)
+        (["rollout.max_staleness=1", "rollout.partial_rollouts=true"], "rollout.partial_rollouts"),
+        (["rollout.max_staleness=1", "social.league_size=2", "social.opponents={self_play: 1.0, league: 1.0}"],
+         "social.opponents"),  # the league with asynchronous training
         (["social.league_size=4"], "social.league_size"),
         (["social.per_seat_policies=true"], "social.per_seat_policies"),
         (["algorithm=grpo"], "algorithm"),  # per-round credit is rloo or reinforce
@@ -50,8 +52,20 @@ def test_the_cli_answers_an_unknown_env_in_one_line(tmp_path: Path, capsys: pyte
     ],
 )
 def test_single_agent_only_options_are_refused_on_a_game(overrides: list[str], key: str) -> None:
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as error:
         load_config(None, [*IPD, *overrides])
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["rollout.backend=vllm"],
+    ["rollout.backend=vllm", "rollout.vllm.mode=server", "rollout.max_staleness=1"],
+    ["rollout.max_staleness=0"],
+    ["rollout.backend=vllm", "social.league_size=2", "social.opponents={self_play: 1.0, league: 1.0}"],
+])  # fmt: skip
+def test_games_train_on_vllm_and_asynchronously(overrides: list[str]) -> None:
+    config = load_config(None, [*IPD, *overrides])  # accepted: docs/multi-agent.md#backends-and-asynchronous-training
+    assert config.game == "prisoners_dilemma_v0"
 
 
 @pytest.mark.parametrize("override", ["social.advantage_alignment=true", "social.opponents={always_defect: 1.0}",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_llm.trainers.config import load_config
+from rl_llm.trainers.config import ConfigError, load_config
 from rl_llm.trainers.social import (
     GAME_PRESETS,
     Match,
@@ -93,6 +93,26 @@ def test_match_advantages_rloo_pooled_seats_and_advantage_alignment() -> None:
     assert aligned[id(a1)] == pytest.approx({1: 3.0, 2: 10 / 3 - 10.0})
 
 
+def test_centred_advantages_subtract_the_batch_mean_of_the_aligned_ones() -> None:
+    """Aligned (above), b0 is [1/3, 10/3 + (1/3)(-10/3)] and b1 [-3, -10/3 + (-3)(10/3)]: the eight values sum
+    to -200/9 (the Advantage Alignment term's negative mean), so each loses the mean -25/9; plain RLOO sums
+    to zero and centring leaves it as it is."""
+    base = [*IPD, "social.gamma=0.5", "social.reward_scale=1.0", "social.gamma_aa=1.0", "social.beta=1.0",
+            "social.center_advantages=true"]  # fmt: skip
+    matches = self_play_matches()
+    (a0, a1), (b0, b1) = (m.seats for m in matches)
+    centred = match_advantages(matches, load_config(None, [*base, "social.advantage_alignment=true"]))
+    shift = 25 / 9
+    assert centred[id(a0)] == pytest.approx({1: -1 / 3 + shift, 2: -10 / 3 - 10 / 9 + shift})
+    assert centred[id(b0)] == pytest.approx({1: 1 / 3 + shift, 2: 10 / 3 - 10 / 9 + shift})
+    assert centred[id(b1)] == pytest.approx({1: -3.0 + shift, 2: -10 / 3 - 10.0 + shift})
+    assert sum(v for a in centred.values() for v in a.values()) == pytest.approx(0.0)
+    plain = match_advantages(matches, load_config(None, base))
+    assert plain[id(a1)] == pytest.approx({1: 3.0, 2: 10 / 3})
+    with pytest.raises(ConfigError, match=r"center_advantages needs social\.credit=round"):
+        load_config(None, [*IPD, "social.credit=outcome", "algorithm=grpo", "social.center_advantages=true"])
+
+
 def test_role_baseline_groups_each_seat_apart() -> None:
     config = load_config(None, [*IPD, "social.gamma=0.5", "social.reward_scale=1.0", "social.role_baseline=true"])
     matches = self_play_matches()
@@ -132,6 +152,14 @@ def test_tokens_of_a_round_share_its_credit() -> None:
     trajectory.turns[1].invalid_action = True  # a penalty on the invalid turn only
     expected[0, 20:22] = -2.5
     assert torch.equal(token_advantages([trajectory], [{1: 0.5, 2: -2.0}], mask, invalid_penalty=0.5), expected)
+    trajectory.turns[0].invalid_action = True  # invalid_credit=penalty: -penalty alone, not the round's credit
+    expected[0, 10:12], expected[0, 20:22] = -0.5, -0.5
+    out = token_advantages([trajectory], [{1: 0.5, 2: -2.0}], mask, invalid_penalty=0.5, invalid_shares_round=False)
+    assert torch.equal(out, expected)
+    config = load_config(None, [*IPD, "social.invalid_credit=penalty", "social.invalid_penalty=0.5"])
+    assert torch.equal(game_advantages([trajectory], [], config, mask, torch.zeros(1)), expected)
+    with pytest.raises(ConfigError, match="invalid_credit: 'none' is not one of"):
+        load_config(None, [*IPD, "social.invalid_credit=none"])
 
 
 def test_outcome_credit_uses_the_algorithms_estimator_per_seed_group() -> None:

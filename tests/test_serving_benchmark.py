@@ -1,0 +1,50 @@
+"""The `terminal` part of benchmarks/serving.py: where step latency doubles, and whole Terminal-v0 episodes
+played by the oracle on real bwrap sandboxes (one episode, and a burst of resets against a low start cap)."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+
+from rl_llm.sandboxes import backend_problem
+from rl_llm.sandboxes.factory import starts
+from tests.scripts import load_benchmark
+
+pytest.importorskip("fastapi", reason="benchmarks/serving.py needs fastapi (the serve extra)")
+
+BWRAP_PROBLEM = backend_problem("bwrap")
+NEEDS_BWRAP = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"needs bubblewrap: {BWRAP_PROBLEM}")
+
+
+@pytest.fixture(scope="module")
+def serving() -> ModuleType:
+    return load_benchmark("serving")
+
+
+def test_doubles_at_names_the_first_point_at_twice_the_baseline(serving: ModuleType) -> None:
+    assert serving.doubles_at([(1, 4.0), (4, 7.9), (16, 8.0), (64, 30.0)]) == "step p50 doubles at N=16 (2.00x N=1)"
+    assert serving.doubles_at([(2, 5.0), (8, 12.5)]) == "step p50 doubles at N=8 (2.50x N=2)"
+    assert serving.doubles_at([(1, 4.0), (4, 7.9), (16, 7.99)]).endswith("not reached up to N=16")
+    assert serving.doubles_at([(1, 4.0)]).endswith("not reached up to N=1")
+    # No steps at the baseline (every episode failed): no ratio to speak of, rather than a division by nan.
+    assert serving.doubles_at([(1, float("nan")), (4, 9.0)]) == "no step p50 at N=1 to compare with"
+
+
+@NEEDS_BWRAP
+def test_a_worker_plays_whole_oracle_episodes_that_solve_their_tasks(serving: ModuleType) -> None:
+    times = serving.terminal_worker("bwrap", 0.0, first_seed=3)  # no time after the first: exactly one episode
+    assert times.errors == []
+    assert (times.episodes, times.solved) == (1, 1)
+    assert len(times.first_resets) == 1 and times.resets == []
+    assert len(times.checks) == 1 and len(times.steps) >= 1  # the task's commands, then the checked `done`
+
+
+@NEEDS_BWRAP
+def test_a_burst_of_resets_queues_behind_the_start_cap_and_none_fails(serving: ModuleType) -> None:
+    limit = starts.limit
+    line = serving.terminal_burst("bwrap", 3, 1)
+    assert "3 resets released at once, start cap 1: 0 failed" in line
+    assert "of 3 sandbox starts waited" in line  # every reset started its own sandbox through the gate
+    assert "error:" not in line
+    assert starts.limit == limit  # the cap is given back
