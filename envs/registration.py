@@ -112,3 +112,38 @@ class EnvFactory:
 
 def env_ids() -> list[str]:
     return [entry.id for entry in ENVIRONMENTS]
+
+
+def check_env_kwargs(env_id: str, kwargs: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the env's options when ``kwargs`` holds a name its constructor does not take
+    (read from the signature: nothing is built). ``env_id`` is a registered id, Gymnasium's ``module:id`` form,
+    or ``social/<game>``. A constructor that takes ``**kwargs``, or whose signature cannot be read, passes: the
+    env itself says what is wrong there. Without this, a misspelt option is a TypeError deep in a rollout."""
+    import importlib
+    import inspect
+
+    from gymnasium.envs.registration import load_env_creator
+
+    if env_id.startswith("social/"):
+        from rl_llm.envs.social import load
+
+        creator: Any = load(env_id.removeprefix("social/")).raw_env
+    else:
+        module, colon, name = env_id.partition(":")
+        if colon:
+            importlib.import_module(module)  # registers the id, as gym.make does
+        else:
+            name = env_id
+        entry = gym.spec(name).entry_point
+        creator = load_env_creator(entry) if isinstance(entry, str) else entry
+    try:
+        parameters = inspect.signature(creator).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    names = [name for name, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    unknown = [key for key in kwargs if key not in names]
+    if unknown:
+        raise ValueError(f"{env_id} takes no option {', '.join(map(repr, unknown))}; its options are "
+                         f"{', '.join(names) or 'none'}")  # fmt: skip

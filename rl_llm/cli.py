@@ -21,14 +21,19 @@ from rl_llm.errors import RLLMError
 console = make_console()  # messages never hard-wrap in pipes and logs
 
 
-def parse_kwargs(pairs: Sequence[str]) -> dict[str, Any]:
-    """``["num_arms=10", "distribution=gaussian"]`` -> ``{"num_arms": 10, "distribution": "gaussian"}``."""
+def parse_kwargs(pairs: Sequence[str], env_id: str | None = None) -> dict[str, Any]:
+    """``["num_arms=10", "distribution=gaussian"]`` -> ``{"num_arms": 10, "distribution": "gaussian"}``; with
+    ``env_id``, a name that env does not take is a ValueError naming its options (one line, not a traceback)."""
     kwargs: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise SystemExit(f"error: expected KEY=VALUE, got {pair!r}")
         kwargs[key] = yaml.safe_load(value)
+    if env_id is not None:
+        from rl_llm.envs.registration import check_env_kwargs
+
+        check_env_kwargs(env_id, kwargs)
     return kwargs
 
 
@@ -81,7 +86,7 @@ def cmd_play(args: argparse.Namespace) -> int:
 
     env_id = resolve_env_id(args.env)
     human = Human(console)
-    (trajectory,) = collect(env_id, human, [args.seed], env_kwargs=parse_kwargs(args.kwarg), concurrency=1)
+    (trajectory,) = collect(env_id, human, [args.seed], env_kwargs=parse_kwargs(args.kwarg, env_id), concurrency=1)
     if human.quit:
         console.print("\nbye")
         return 0
@@ -104,12 +109,13 @@ def cmd_tournament(game: str, args: argparse.Namespace) -> int:
     from rl_llm.agents.tournament import print_tournament, run_tournament, write_jsonl
 
     names = [name for name in (args.agents or args.agent or "").split(",") if name] or baselines_for(game)
+    env_kwargs = parse_kwargs(args.kwarg, f"social/{game}")  # checked before any model loads
     options = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
     llms = {name: make_policy(name, game, seed=args.seed, **options) for name in names if is_llm_spec(name)}
     agents = {name: llms.get(name) or make_baseline(name, game, seed=args.seed) for name in names}
     try:
         result = run_tournament(
-            game, agents, seeds=range(args.seed, args.seed + args.episodes), env_kwargs=parse_kwargs(args.kwarg),
+            game, agents, seeds=range(args.seed, args.seed + args.episodes), env_kwargs=env_kwargs,
             exploiters=args.exploiters.split(",") if args.exploiters else None,
         )  # fmt: skip
     finally:
@@ -135,7 +141,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rl_llm.agents.evaluate import evaluate, plot_records, summarize, write_jsonl
 
     env_id = resolve_env_id(args.env)
-    kwargs = parse_kwargs(args.kwarg)
+    kwargs = parse_kwargs(args.kwarg, env_id)
     policy = make_policy(args.agent, env_id, seed=args.seed, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature)  # fmt: skip
     name = args.agent.replace(":", "_").replace("/", "_").replace("#", "_")

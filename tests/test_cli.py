@@ -45,6 +45,10 @@ def test_eval_prints_a_table_and_writes_one_jsonl_line_per_episode(tmp_path: Pat
     (("eval", "TicTacToe", "--agent", "ucb"), "unknown baseline 'ucb'"),
     (("eval", "TicTacToe", "--agent", "minimax", "-k", "novalue"), "KEY=VALUE"),
     (("eval", "TicTacToe", "--agent", "[/x]"), "unknown baseline '[/x]'"),  # not read as rich markup
+    # an option the env does not take: its options named, not a TypeError from inside the rollout
+    (("eval", "TicTacToe", "--agent", "minimax", "-k", "cells=numbers"), "takes no option 'cells'; its options are"),
+    (("eval", "prisoners_dilemma", "-k", "rounds=3"), "takes no option 'rounds'; its options are payoffs, num_rounds"),
+    (("play", "MultiArmedBandit", "-k", "arms=3"), "takes no option 'arms'"),
 ])
 def test_bad_command_lines_fail_with_a_specific_message(args: tuple[str, ...], message: str) -> None:
     result = rl_llm(*args)

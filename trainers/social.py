@@ -91,6 +91,23 @@ def _registered_id(env_id: str) -> str:
     return name
 
 
+def _check_env_kwargs(config: TrainConfig) -> None:
+    """Every ``env.kwargs`` name is one the env takes (envs/registration.py ``check_env_kwargs``): a misspelt
+    option, or the default job's bandit options left behind when only ``env.id`` changed, is one line at load
+    time instead of a TypeError from deep inside the first rollout."""
+    from rl_llm.envs.registration import check_env_kwargs
+    from rl_llm.trainers.default_job import DEFAULT_JOB
+
+    try:
+        check_env_kwargs(config.env.id, dict(config.env.kwargs))
+    except ValueError as error:
+        hint = ""
+        if config.env.id != DEFAULT_JOB["env"]["id"] and set(config.env.kwargs) & set(DEFAULT_JOB["env"]["kwargs"]):
+            hint = (" (the default job's bandit options stay when only env.id changes: start from a config file "
+                    "in configs/ for this env, or clear them with env.kwargs={})")
+        raise ConfigError(f"env.kwargs: {error}{hint}") from error
+
+
 def check_env_config(config: TrainConfig) -> None:
     """``env.id`` is known, and every option fits the kind of env (single-agent or two-player game)."""
     import gymnasium as gym
@@ -100,6 +117,7 @@ def check_env_config(config: TrainConfig) -> None:
     env_id, game = config.env.id, config.game
     if (game is not None and game not in GAMES) or (game is None and _registered_id(env_id) not in gym.registry):
         raise ConfigError(f"env.id: unknown env {env_id!r}; known ids: {', '.join(known_env_ids())}")
+    _check_env_kwargs(config)
     changed = _changed(config.social, SocialConfig(), "social.")
     if game is None:
         if changed:

@@ -29,6 +29,22 @@ def test_the_cli_answers_an_unknown_env_in_one_line(tmp_path: Path, capsys: pyte
     assert "social/tictactoe_v0" in output and not (tmp_path / "run").exists()
 
 
+def test_env_options_the_env_does_not_take_are_one_line_at_load_time(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ConfigError, match=r"MultiArmedBandit-v0 takes no option 'bogus'; its options are num_arms"):
+        load_config(None, ["env.id=rl-llm/MultiArmedBandit-v0", "env.kwargs.bogus=1"])
+    with pytest.raises(ConfigError, match=r"social/prisoners_dilemma_v0 takes no option 'cell_names'; its options "
+                                          r"are payoffs, num_rounds"):
+        load_config(None, [*IPD, "env.kwargs.cell_names=numbers"])
+    load_config(None, ["env.id=social/tictactoe_v0", "algorithm=rloo", "eval.baselines=[random]",
+                       "sft.baseline=random", "env.kwargs.cell_names=numbers"])  # fmt: skip
+    # The default job with only env.id changed keeps its bandit options: one line that says so, no run dir.
+    assert train_main(None, ["env.id=rl-llm/TicTacToe-v0", "steps=1"], out=str(tmp_path / "run")) == 2
+    output = capsys.readouterr().out
+    assert "Traceback" not in output and "takes no option 'num_arms'" in output and "env.kwargs={}" in output
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(
     ("overrides", "key"),
     [
