@@ -114,12 +114,23 @@ def env_ids() -> list[str]:
     return [entry.id for entry in ENVIRONMENTS]
 
 
+def registered_id(env_id: str) -> str:
+    """The id ``gym.make`` looks up: for Gymnasium's ``module:id`` form, the module is imported first (it
+    registers the id), as ``gym.make`` itself does; an ImportError is the caller's to word."""
+    import importlib
+
+    module, colon, name = env_id.partition(":")
+    if not colon:
+        return env_id
+    importlib.import_module(module)
+    return name
+
+
 def check_env_kwargs(env_id: str, kwargs: dict[str, Any]) -> None:
     """Raise ``ValueError`` naming the env's options when ``kwargs`` holds a name its constructor does not take
     (read from the signature: nothing is built). ``env_id`` is a registered id, Gymnasium's ``module:id`` form,
     or ``social/<game>``. A constructor that takes ``**kwargs``, or whose signature cannot be read, passes: the
     env itself says what is wrong there. Without this, a misspelt option is a TypeError deep in a rollout."""
-    import importlib
     import inspect
 
     from gymnasium.envs.registration import load_env_creator
@@ -129,12 +140,7 @@ def check_env_kwargs(env_id: str, kwargs: dict[str, Any]) -> None:
 
         creator: Any = load(env_id.removeprefix("social/")).raw_env
     else:
-        module, colon, name = env_id.partition(":")
-        if colon:
-            importlib.import_module(module)  # registers the id, as gym.make does
-        else:
-            name = env_id
-        entry = gym.spec(name).entry_point
+        entry = gym.spec(registered_id(env_id)).entry_point
         creator = load_env_creator(entry) if isinstance(entry, str) else entry
     try:
         parameters = inspect.signature(creator).parameters

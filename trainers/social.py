@@ -77,18 +77,14 @@ def known_env_ids() -> list[str]:
 
 
 def _registered_id(env_id: str) -> str:
-    """The id ``gym.make`` looks up: for Gymnasium's ``module:id`` form, the module is imported first (it
-    registers the id), as ``gym.make`` itself does."""
-    import importlib
+    """``registered_id`` (envs/registration.py), an unimportable ``module:`` part worded as a ConfigError."""
+    from rl_llm.envs.registration import registered_id
 
-    module, colon, name = env_id.partition(":")
-    if not colon:
-        return env_id
     try:
-        importlib.import_module(module)
+        return registered_id(env_id)
     except ImportError as error:
+        module = env_id.partition(":")[0]
         raise ConfigError(f"env.id: cannot import {module!r} (from {env_id!r}): {error}") from error
-    return name
 
 
 def _check_env_kwargs(config: TrainConfig) -> None:
