@@ -83,6 +83,9 @@ def register_envs() -> None:
             )
 
 
+GYM_MAKE_OPTIONS = ("max_episode_steps", "disable_env_checker")
+
+
 @dataclass(frozen=True)
 class EnvFactory:
     """``EnvFactory(env_id, **kwargs)()`` builds a fresh env; picklable and comparable by value.
@@ -104,6 +107,8 @@ class EnvFactory:
         register_envs()  # a fresh worker process may not have imported rl_llm yet
         if self.env_id not in gym.registry:
             raise ValueError(f"unknown environment {self.env_id!r}; `rl-llm list` shows the registered ids")
+        # gym.make consumes these two itself; every other name goes to the env's constructor.
+        check_env_kwargs(self.env_id, {k: v for k, v in self.kwargs.items() if k not in GYM_MAKE_OPTIONS})
         return gym.make(self.env_id, **self.kwargs)
 
     def __hash__(self) -> int:
@@ -126,11 +131,13 @@ def registered_id(env_id: str) -> str:
     return name
 
 
-def check_env_kwargs(env_id: str, kwargs: dict[str, Any]) -> None:
+def check_env_kwargs(env_id: str, kwargs: dict[str, Any], also_takes: tuple[str, ...] = ()) -> None:
     """Raise ``ValueError`` naming the env's options when ``kwargs`` holds a name its constructor does not take
     (read from the signature: nothing is built). ``env_id`` is a registered id, Gymnasium's ``module:id`` form,
-    or ``social/<game>``. A constructor that takes ``**kwargs``, or whose signature cannot be read, passes: the
-    env itself says what is wrong there. Without this, a misspelt option is a TypeError deep in a rollout."""
+    or ``social/<game>`` (the game's options); ``also_takes`` names options a wrapper around the env accepts
+    (a served game seat's ``opponent``). A constructor that takes ``**kwargs``, or whose signature cannot be
+    read, passes: the env itself says what is wrong there. Without this, a misspelt option is a TypeError deep
+    in a rollout, or a server's traceback."""
     import inspect
 
     from gymnasium.envs.registration import load_env_creator
@@ -148,7 +155,7 @@ def check_env_kwargs(env_id: str, kwargs: dict[str, Any]) -> None:
         return
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return
-    names = [name for name, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    names = [*also_takes, *(name for name, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL)]
     unknown = [key for key in kwargs if key not in names]
     if unknown:
         raise ValueError(f"{env_id} takes no option {', '.join(map(repr, unknown))}; its options are "

@@ -346,9 +346,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import uvicorn
 
-    app = create_openenv_app(
-        args.env, parse_kwargs(args.kwarg), args.max_sessions, args.max_episodes, args.episode_ttl_s
-    )
+    try:
+        app = create_openenv_app(
+            args.env, parse_kwargs(args.kwarg), args.max_sessions, args.max_episodes, args.episode_ttl_s
+        )
+    except (ValueError, TypeError) as error:  # a bad id or option: one line, not a traceback
+        raise SystemExit(f"error: cannot serve {args.env}: {error}") from None
     uvicorn.run(app, host=args.host, port=args.port, access_log=args.access_log)
 
 

@@ -55,11 +55,13 @@ class SocialSeat(gym.Env[str, str]):
 
     def __init__(self, game: str, seat: str = "player_0", opponent: str | None = None,
                  opponent_seed: int | None = None, **game_kwargs: Any) -> None:  # fmt: skip
+        from rl_llm.envs.registration import check_env_kwargs
         from rl_llm.envs.social import load
 
         module = load(game)
         if not hasattr(module, "parallel_env"):
             raise ValueError(f"social game {game!r} is turn-based (AEC); serve rl-llm/TicTacToe-v0 instead")
+        check_env_kwargs(SOCIAL_PREFIX + game, game_kwargs, also_takes=("seat", "opponent", "opponent_seed"))
         if seat not in SEATS:
             raise ValueError(f"seat must be one of {SEATS}, got {seat!r}")
         self.game_name, self.seat = game, seat

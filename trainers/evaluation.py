@@ -20,6 +20,7 @@ from rl_llm.trainers.checkpoint import write_text_atomic
 if TYPE_CHECKING:
     from rl_llm.agents.llm import LLMPolicy
     from rl_llm.trainers.config import TrainConfig
+    from rl_llm.types import Trajectory
 
 # Env metrics worth a column in the before/after table, when present.
 TABLE_METRICS = ("regret", "invalid_actions", "win", "draw", "loss", "illegal_moves", "exec_match")
@@ -58,12 +59,18 @@ def _result(seeds: Sequence[int], returns: Sequence[float], metrics: Sequence[di
 
 
 def evaluate_llm(make_env: Callable[[], gym.Env], policy: LLMPolicy, seeds: Sequence[int], temperature: float,
-                 max_new_tokens: int, concurrency: int) -> EvalResult:
-    """One episode per seed with ``policy`` sampling at ``temperature`` (0 = greedy); weights untouched."""
+                 max_new_tokens: int, concurrency: int,
+                 recover: Callable[[Sequence[Trajectory]], bool] | None = None) -> EvalResult:  # fmt: skip
+    """One episode per seed with ``policy`` sampling at ``temperature`` (0 = greedy); weights untouched.
+    ``recover`` (the run's ``Generation.recover``) True after a rollout: the generator was lost and restarted,
+    so every episode is played again (a lost episode is not the policy's result)."""
     training_sampling = policy.sampling
     policy.sampling = replace(training_sampling, temperature=temperature)
     try:
         trajectories = collect(make_env, policy, list(seeds), 1, max_new_tokens=max_new_tokens, concurrency=concurrency)
+        while recover is not None and recover(trajectories):  # bounded: recover raises past max_restarts
+            trajectories = collect(make_env, policy, list(seeds), 1, max_new_tokens=max_new_tokens,
+                                   concurrency=concurrency)  # fmt: skip
     finally:
         policy.sampling = training_sampling
     return _result(seeds, [t.total_reward for t in trajectories], [t.metrics for t in trajectories])

@@ -99,6 +99,16 @@ class Generation:
         metrics = getattr(self.sync, "metrics", None)
         return metrics() if metrics is not None else {}
 
+    def state_dict(self) -> dict[str, int]:
+        """What a checkpoint keeps of the generator (server mode: the run's restarts so far)."""
+        state = getattr(self.sync, "state_dict", None)
+        return state() if state is not None else {}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        load = getattr(self.sync, "load_state_dict", None)
+        if load is not None:
+            load(state)
+
     def close(self) -> None:
         """Release the weight sync, then the generator (which stops a server started for it)."""
         try:

@@ -154,6 +154,8 @@ class TrainingRun:
                                            self.run_dir, self.precision)  # fmt: skip
         self.generator, self.sync = self.generation.policy, self.generation.sync
         try:  # the generator may be a server process: stop it if the run cannot start
+            if self.step > 0:
+                self.generation.load_state_dict(self._resumed_generation)  # e.g. the run's server restarts so far
             if self.step > 0 or config.sft.enabled:  # resumed or warm-started weights, not model.path's
                 self.generation.catch_up(self.model, self._resumed_version if self.step > 0 else None)
         except BaseException:
@@ -344,6 +346,7 @@ class TrainingRun:
             "policy_version": self.policy_version,
             "otc_history": self.otc.state_dict() if self.otc else {},
             "curriculum": self.tasks.state_dict(),
+            "generation": self.generation.state_dict(),
         }
         if self.league is not None:
             state["league"] = self.league.state_dict()
@@ -376,6 +379,7 @@ class TrainingRun:
         if self.otc is not None:
             self.otc.load_state_dict(state.get("otc_history", {}))
         self.tasks.load_state_dict(state.get("curriculum", {}))
+        self._resumed_generation = state.get("generation", {})  # the generator is built after the restore
         if self.league is not None:
             self.league.load_state_dict(state.get("league", {}))
 
@@ -384,12 +388,15 @@ class TrainingRun:
         config = self.config
         seeds = list(range(config.eval.seed, config.eval.seed + config.eval.episodes))
         self.sync.before_rollout()
+        # A generation server lost mid-evaluation is restarted and the evaluation played again (recover).
         if config.game is not None:
             from rl_llm.trainers.social import evaluate_game
 
-            return evaluate_game(config, self.generator, config.rollout.max_new_tokens, config.rollout.concurrency)
+            return evaluate_game(config, self.generator, config.rollout.max_new_tokens, config.rollout.concurrency,
+                                 recover=self.generation.recover)  # fmt: skip
         return evaluate_llm(self.make_env, self.generator, seeds, config.eval.temperature,
-                            config.rollout.max_new_tokens, config.rollout.concurrency)  # fmt: skip
+                            config.rollout.max_new_tokens, config.rollout.concurrency,
+                            recover=self.generation.recover)  # fmt: skip
 
     def evaluate_before(self) -> EvalResult:
         """The untrained policy on the held-out seeds, computed once and kept in the run dir for resumes."""

@@ -5,13 +5,14 @@ around ``ServerWeightSync``). It finds the server gone
 
 - before each rollout (``before_rollout``: the process has exited, or ``/health`` fails),
 - after a rollout whose episodes ended in errors (``recover``: the caller then collects the step again, so
-  the step's data is whole),
+  the step's data is whole; an evaluation is played again the same way, so no lost episode counts as a loss),
 - when a weight push fails (``push``),
 
 and then, for a server the run started itself (slime restarts its engines the same way), restarts it (same
 flags, same port when free), joins a new weight group and pushes the trainer's CURRENT weights, so generation
 goes on on-policy and the policy version stays the trainer's. At most ``rollout.vllm.max_restarts`` times per
-run (counted from the start or the resume); past that, or for a server the user runs (``server_url``: never
+launch of the run (counted from the start or the resume: a resume is the user's word that the cause is fixed;
+``vllm/restarts`` counts the whole run's, kept in the checkpoints); past that, or for a server the user runs (``server_url``: never
 restarted from here), or in an asynchronous run (its generator thread is using the server), the run stops with
 one ``ServerLostError`` line naming the server's log, its last lines and the command that resumes the run
 (docs/vllm.md#when-the-server-dies).
@@ -57,7 +58,8 @@ class SupervisedServerSync(WeightSync):
         super().__init__(policy)
         self.model, self.device, self.group_port = model, device, group_port
         self.max_restarts, self.restartable, self.run_dir = max_restarts, restartable, Path(run_dir)
-        self.restarts = 0
+        self.restarts = 0  # since this launch (the start or the resume): what max_restarts bounds
+        self.earlier_restarts = 0  # before the resume (from the checkpoint): counted in vllm/restarts
         import httpx
 
         try:
@@ -161,7 +163,13 @@ class SupervisedServerSync(WeightSync):
         self.inner.before_update()
 
     def metrics(self) -> dict[str, float]:
-        return {"vllm/restarts": float(self.restarts)}
+        return {"vllm/restarts": float(self.earlier_restarts + self.restarts)}  # the whole run's, resumes included
+
+    def state_dict(self) -> dict[str, int]:
+        return {"restarts": self.earlier_restarts + self.restarts}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.earlier_restarts = int(state.get("restarts", 0))
 
     def close(self) -> None:
         self.inner.close()

@@ -478,11 +478,13 @@ def _nanmean(values: Sequence[float]) -> float:
 
 
 # -- evaluation -----------------------------------------------------------------------------------------------
-def evaluate_game(config: TrainConfig, policy: Any, max_new_tokens: int, concurrency: int) -> Any:
+def evaluate_game(config: TrainConfig, policy: Any, max_new_tokens: int, concurrency: int,
+                  recover: Callable[[list[Any]], bool] | None = None) -> Any:  # fmt: skip
     """The policy against each of ``eval.baselines`` (and ``social.exploiter``) and itself on the held-out
     seeds, seats alternating by seed. Values per episode, named ``<figure>/<opponent>``: ``return`` (the
     policy's), ``opponent_return``, ``welfare``, ``cooperation_rate``, ``tit_for_tat_likeness``; ``return``
-    alone is the mean over the baselines, and ``exploitability`` is the exploiter's return against it."""
+    alone is the mean over the baselines, and ``exploitability`` is the exploiter's return against it.
+    ``recover``: as ``evaluate_llm``'s (an opponent's matches are played again after a generator restart)."""
     from dataclasses import replace
 
     from rl_llm.trainers.evaluation import EvalResult
@@ -491,13 +493,14 @@ def evaluate_game(config: TrainConfig, policy: Any, max_new_tokens: int, concurr
     if training_sampling is not None:
         policy.sampling = replace(training_sampling, temperature=config.eval.temperature)
     try:
-        return _evaluate_game(config, policy, max_new_tokens, concurrency, EvalResult)
+        return _evaluate_game(config, policy, max_new_tokens, concurrency, EvalResult, recover)
     finally:
         if training_sampling is not None:
             policy.sampling = training_sampling
 
 
-def _evaluate_game(config: TrainConfig, policy: Any, max_new_tokens: int, concurrency: int, result: Any) -> Any:
+def _evaluate_game(config: TrainConfig, policy: Any, max_new_tokens: int, concurrency: int, result: Any,
+                   recover: Callable[[list[Any]], bool] | None = None) -> Any:  # fmt: skip
     seeds = list(range(config.eval.seed, config.eval.seed + config.eval.episodes))
     names = list(dict.fromkeys([*config.eval.baselines, exploiter(config)]))
     evaluation_config = _with_opponents(config, names)
@@ -513,6 +516,8 @@ def _evaluate_game(config: TrainConfig, policy: Any, max_new_tokens: int, concur
             return name, (players[0], players[1]), (seat,)
 
         matches = play_games(config, policy, seeds, 1, plan, max_new_tokens, concurrency)
+        while recover is not None and recover([seat for match in matches for seat in match.seats]):
+            matches = play_games(config, policy, seeds, 1, plan, max_new_tokens, concurrency)
         for match in matches:
             s = match.learner[0]
             own, other = match.seats[s], match.seats[1 - s]

@@ -86,3 +86,11 @@ def test_step_rejects_non_text_actions(env_id: str) -> None:
     with pytest.raises(TypeError, match="as str"):  # what TextEnv says; the checker only asks for a TypeError
         env.unwrapped.step(123)
     env.close()
+
+
+@pytest.mark.parametrize("env_id", env_ids())
+def test_an_option_the_env_does_not_take_is_one_clear_error(env_id: str) -> None:
+    from rl_llm.envs.registration import EnvFactory
+
+    with pytest.raises(ValueError, match=rf"^{env_id} takes no option 'no_such_option'; its options are \w"):
+        EnvFactory(env_id, no_such_option=1)()

@@ -24,6 +24,12 @@ def test_factory_pickles_by_value_and_builds_fresh_envs() -> None:
         EnvFactory("rl-llm/Nope-v0")()
     with pytest.raises(ValueError, match="non-empty"):
         EnvFactory("")
+    # A misspelt option is one clear error before anything is built; gym.make's own options still pass.
+    with pytest.raises(ValueError, match="TicTacToe-v0 takes no option 'opponnent'; its options are agent_mark"):
+        EnvFactory("rl-llm/TicTacToe-v0", opponnent="minimax")()
+    capped = EnvFactory("rl-llm/TicTacToe-v0", opponent="minimax", max_episode_steps=1)()
+    capped.reset(seed=0)
+    assert capped.step("<move>B2</move>")[3] is True  # truncated by gym.make's TimeLimit after one step
 
 
 def test_message_env_follows_the_gymnasium_env_turn_by_turn() -> None:

@@ -178,7 +178,7 @@ def test_batched_reset_and_step_report_errors_per_item() -> None:
         ("POST", "/sessions", {"env_id": TTT, "count": 0}, 422, "count"),
         ("POST", "/sessions", {"env_id": "rl-llm/Nope-v0"}, 400, "not served"),
         ("POST", "/sessions", {"env_id": TTT, "kwargs": {"opponent": "god"}}, 400, "opponent"),
-        ("POST", "/sessions", {"env_id": TTT, "kwargs": {"no_such_arg": 1}}, 400, "no_such_arg"),
+        ("POST", "/sessions", {"env_id": TTT, "kwargs": {"no_such_arg": 1}}, 400, "takes no option 'no_such_arg'; its options are"),
         ("POST", "/sessions/{sid}/reset", {"seed": "three"}, 422, "seed"),
         ("POST", "/sessions/{sid}/reset", {"options": {"agent_mark": "Z"}}, 400, "agent_mark"),
         ("POST", "/sessions/{sid}/step", {"action": "<move>B2</move>"}, 409, "reset"),

@@ -17,6 +17,7 @@ from openenv.core import GenericEnvClient  # noqa: E402
 
 from rl_llm.integrations.http_server import BackgroundServer  # noqa: E402
 from rl_llm.integrations.openenv import create_openenv_app, parse_kwargs  # noqa: E402
+from rl_llm.integrations.openenv import main as openenv_main  # noqa: E402
 
 TTT = "rl-llm/TicTacToe-v0"
 
@@ -135,6 +136,14 @@ def test_bad_env_or_kwargs_fail_at_startup() -> None:
         create_openenv_app("rl-llm/Nope-v0")
     with pytest.raises(ValueError, match="opponent"):
         create_openenv_app("social/chicken_v0", {"opponent": "nobody"})
+    # A misspelt option names the env's options; a served seat also takes its seat options.
+    with pytest.raises(ValueError, match="takes no option 'opponnent'; its options are agent_mark, opponent,"):
+        create_openenv_app(TTT, {"opponnent": "minimax"})
+    with pytest.raises(ValueError, match="takes no option 'rounds'; its options are seat, opponent, opponent_seed, "
+                                         "payoffs, num_rounds"):  # fmt: skip
+        create_openenv_app("social/chicken_v0", {"opponent": "tit_for_tat", "seat": "player_1", "rounds": 3})
+    with pytest.raises(SystemExit, match=r"^error: cannot serve rl-llm/TicTacToe-v0: .* takes no option 'x'"):
+        openenv_main(["--env", TTT, "-k", "x=1"])
     assert parse_kwargs(["opponent=minimax", "max_turns=5", "x=[1]"]) == {
         "opponent": "minimax",
         "max_turns": 5,

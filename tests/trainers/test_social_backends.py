@@ -199,26 +199,43 @@ def test_a_server_lost_mid_step_is_restarted_and_the_steps_matches_are_played_ag
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """docs/vllm.md#when-the-server-dies for a game: the server the run started is SIGKILLed as step 2's matches
-    start; the run restarts it with the trainer's weights and plays the step's matches again, both seats."""
+    start; the run restarts it with the trainer's weights and plays the step's matches again, both seats. Killed
+    again as the final evaluation starts, it is restarted and the evaluation's matches are played again."""
     import os
     import signal
 
+    import rl_llm.trainers.social as social
     from rl_llm.trainers.runner import TrainingRun
 
-    play_matches, killed = TrainingRun.play_matches, []
+    play_matches, evaluate_game, killed = TrainingRun.play_matches, social.evaluate_game, []
+    runs: list[TrainingRun] = []
+
+    def kill(run: TrainingRun) -> None:
+        process = run.generator.server.process
+        killed.append(process.pid)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
 
     def kill_then_play(run: TrainingRun, seeds: list[int]) -> Any:
+        runs.append(run)
         if run.step == 1 and not killed:  # step 2's first rollout: every request of it fails
-            process = run.generator.server.process
-            killed.append(process.pid)
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait(timeout=60)
+            kill(run)
         return play_matches(run, seeds)
 
+    def kill_then_evaluate(*args: Any, **kwargs: Any) -> Any:  # after the evaluation's health check
+        if runs and runs[0].step == 2 and len(killed) == 1:
+            kill(runs[0])
+        return evaluate_game(*args, **kwargs)
+
     monkeypatch.setattr(TrainingRun, "play_matches", kill_then_play)
+    monkeypatch.setattr(social, "evaluate_game", kill_then_evaluate)
     overrides = [*SERVER, "steps=2"]
     assert train_main(None, overrides, out=str(tmp_path)) == 0
-    assert killed
+    assert len(killed) == 2
+    # The final evaluation's lost matches were played again after a second restart: whole, not zeros.
+    assert (tmp_path / "vllm-server.log").read_text().count("rl-llm: restarting the vLLM server") == 2
+    after = json.loads((tmp_path / "eval_after.json").read_text())["values"]
+    assert all(value == value for value in after["cooperation_rate/always_defect"]), after
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["vllm/restarts"] for r in records] == [0, 1] and [r["policy_version"] for r in records] == [1, 2]
     assert [r["episode/dropped"] for r in records] == [0, 0]

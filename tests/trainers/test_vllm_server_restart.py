@@ -1,7 +1,8 @@
 """A server-mode run whose vLLM server is SIGKILLed mid-run (vLLM's CPU build here; the same code on GPUs).
 
 The run started the server itself (no ``rollout.vllm.server_url``), so it restarts it, pushes the trainer's
-current weights and finishes every step with whole batches; with ``rollout.vllm.max_restarts=0`` the CLI stops
+current weights and finishes every step with whole batches (a kill during the final evaluation: the evaluation
+is played again), and a resume keeps the run's restart count; with ``rollout.vllm.max_restarts=0`` the CLI stops
 with one ``error:`` line naming the server's log and the resume command; a server the user runs
 (``server_url``) is never restarted: the run stops with one line naming it (docs/vllm.md#when-the-server-dies).
 """
@@ -91,14 +92,16 @@ def alive(pids: list[int]) -> list[int]:
 def test_a_killed_server_is_restarted_with_the_trainers_weights_and_the_run_finishes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import rl_llm.trainers.runner as runner
     from rl_llm.trainers.config import load_config
     from rl_llm.trainers.grpo import train_grpo
     from rl_llm.trainers.runner import TrainingRun
 
     seen: dict[str, Any] = {"pids": [], "children": []}
-    log_step, play, close = TrainingRun.log_step, TrainingRun._play, TrainingRun.close
+    log_step, play, close, evaluate_llm = TrainingRun.log_step, TrainingRun._play, TrainingRun.close, runner.evaluate_llm
 
     def log_then_kill(run: TrainingRun, step: int, *args: Any, **kwargs: Any) -> None:
+        seen["run"] = run
         log_step(run, step, *args, **kwargs)
         if step == 1:  # after step 1's push: the next step's health check finds the server dead
             seen["pids"].append(run.generator.server.process.pid)
@@ -111,6 +114,14 @@ def test_a_killed_server_is_restarted_with_the_trainers_weights_and_the_run_fini
             seen["children"] += sigkill(run.generator.server.process)
         return play(run, seeds)
 
+    def kill_then_evaluate(*args: Any, **kwargs: Any) -> Any:  # the final evaluation: after its health check
+        run = seen.get("run")
+        if run is not None and run.step == 3 and not seen.get("killed_in_eval"):
+            seen["killed_in_eval"] = True
+            seen["pids"].append(run.generator.server.process.pid)
+            seen["children"] += sigkill(run.generator.server.process)
+        return evaluate_llm(*args, **kwargs)
+
     def compare_then_close(run: TrainingRun) -> None:  # the restarted server's weights, before it stops
         server = run.generator.server
         seen["pids"].append(server.process.pid)
@@ -122,6 +133,7 @@ def test_a_killed_server_is_restarted_with_the_trainers_weights_and_the_run_fini
     monkeypatch.setattr(TrainingRun, "log_step", log_then_kill)
     monkeypatch.setattr(TrainingRun, "_play", kill_then_play)
     monkeypatch.setattr(TrainingRun, "close", compare_then_close)
+    monkeypatch.setattr(runner, "evaluate_llm", kill_then_evaluate)
     config = load_config(overrides=OVERRIDES)
     torch.manual_seed(0)
     summary = train_grpo(config, tmp_path)
@@ -132,15 +144,29 @@ def test_a_killed_server_is_restarted_with_the_trainers_weights_and_the_run_fini
     assert [step["vllm/restarts"] for step in steps] == [0, 1, 2]  # one per kill
     assert [step["episode/trained"] for step in steps] == [4, 4, 4]  # step 3 was collected again, whole
     assert [step["episode/dropped"] for step in steps] == [0, 0, 0]
-    assert len(set(seen["pids"])) == 3  # two kills, three server processes
+    assert seen["killed_in_eval"]
+    assert len(set(seen["pids"])) == 4  # three kills, four server processes
     log = (tmp_path / "vllm-server.log").read_text()
-    assert log.count("rl-llm: restarting the vLLM server") == 2  # the log goes on in the same file
+    assert log.count("rl-llm: restarting the vLLM server") == 3  # the log goes on in the same file
+    # The evaluation the kill interrupted was played again: every held-out episode ran to its end (a lost
+    # episode has no final env metrics: NaN here, and a return of 0 counted as the policy's).
+    after = json.loads((tmp_path / "eval_after.json").read_text())["values"]
+    assert len(after["return"]) == 2 and set(after) > {"return"}
+    assert all(value == value for values in after.values() for value in values), after
     # The restarted server generates with the trainer's weights (pushed at the restart, then by every update).
     assert (seen["served"] - seen["trainer"]).abs().max() < TOLERANCE
     # No engine-core or worker process of a killed (or closed) server outlives the run: a SIGKILL of the server
     # alone leaves them running, holding their memory; the restart and the close stop its process group.
     assert seen["children"], "the servers started no processes: the check below checks nothing"
     assert not alive(seen["children"]), f"processes of the killed servers outlived them: {alive(seen['children'])}"
+
+    # A resume counts on from the checkpoint's restarts (the bound, max_restarts, starts again: a resume is
+    # the user's word that the cause is fixed).
+    monkeypatch.undo()
+    train_grpo(load_config(overrides=[*OVERRIDES, "steps=4"]), tmp_path)
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [step["step"] for step in steps] == [1, 2, 3, 4]
+    assert steps[-1]["vllm/restarts"] == 2  # the two of steps 2-3 (the evaluation's came after the checkpoint)
 
 
 def test_past_max_restarts_the_cli_stops_with_one_line_naming_the_log_and_the_resume(tmp_path: Path) -> None:
