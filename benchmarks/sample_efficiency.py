@@ -17,7 +17,8 @@ episodes played, and the CPU time, each next to the same-run baseline arm of its
 
     python benchmarks/sample_efficiency.py [--seeds 0,1,2,3,4] [--arms a,b] [--jobs N] [--smoke] [--keep DIR] [key=value ...]
 
-``--jobs N`` runs N runs at once, each in its own process on one thread (``OMP_NUM_THREADS=1``, as the
+``--summarise LOG`` prints the summaries from the per-run rows of an earlier run's output (all of it, or
+what a stopped run had printed), running nothing. ``--jobs N`` runs N runs at once, each in its own process on one thread (``OMP_NUM_THREADS=1``, as the
 README's figures were measured); rows print as runs finish, the summaries once all have.
 
 ``--smoke`` shrinks every run (2 RL steps, a 64-episode warm start, 8 held-out seeds) to check the script end to
@@ -107,15 +108,35 @@ def summarise(comparison: str, rows: list[dict]) -> None:
               f"{cpu:>7.0f} ({cpu / base_cpu:.2f})")  # fmt: skip
 
 
+def rows_from_log(path: str) -> dict[str, list[dict]]:
+    """The per-run rows a run printed (``main``'s table), by comparison; other lines are skipped."""
+    comparison_of = {arm: comparison for comparison, arms in ARMS.items() for arm in arms}
+    rows: dict[str, list[dict]] = {comparison: [] for comparison in ARMS}
+    names = ["seed", "win_before", "win_after", "gain", "zero_signal", "episodes", "dropped", "level", "wall_s",
+             "cpu_s"]  # fmt: skip
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        fields = line.split()
+        if len(fields) != 12 or fields[0] not in comparison_of:
+            continue
+        row: dict = {"arm": fields[0]} | {n: float(v) for n, v in zip(names, fields[1:11], strict=True) if v != "-"}
+        rows[comparison_of[fields[0]]].append(row)
+    return {comparison: found for comparison, found in rows.items() if found}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2,3,4", help="training seeds, comma-separated")
     parser.add_argument("--arms", default="a,b", help="comparisons to run: a (filter, GiGPO), b (curriculum)")
+    parser.add_argument("--summarise", metavar="LOG", help="summarise the rows of an earlier run's output, run nothing")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, one process and one thread each")
     parser.add_argument("--smoke", action="store_true", help="tiny runs that only check the script works")
     parser.add_argument("--keep", help="keep the run directories under this folder (default: a temporary one)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of every arm's config")
     args = parser.parse_args()
+    if args.summarise:
+        for comparison, found in rows_from_log(args.summarise).items():
+            summarise(comparison, found)
+        return
     comparisons = [c for c in args.arms.split(",") if c]
     unknown = set(comparisons) - set(ARMS)
     if unknown:

@@ -78,7 +78,7 @@ def test_social_seat_against_a_baseline() -> None:
 
 def test_unknown_env_or_kwargs_fail_clearly() -> None:
     register_skyrl_envs()
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="TicTacToe-v0 takes no option 'no_such_kwarg'; its options are"):
         skyrl_gym.make("rl-llm/TicTacToe-v0", env_config={"no_such_kwarg": 1}, extras={})
     from rl_llm.integrations.skyrl import RLLMSkyRLEnv
 
