@@ -17,18 +17,45 @@ from __future__ import annotations
 
 import argparse
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from rl_llm.types import Trajectory
+
+
+def turn_sharing(trajectories: Sequence[Trajectory], group_ids: Sequence[int], gamma: float,
+                 anchor: str) -> dict[int, dict[str, float]]:  # fmt: skip
+    """Per turn index: ``turns``, the share whose anchor state another turn of its group shares, the mean size
+    of those anchor groups, and the share whose GiGPO step-level advantage (trainers/turn_credit.py) is not 0."""
+    from rl_llm.trainers.turn_credit import anchors, step_advantages
+
+    scores = [t.total_reward for t in trajectories]
+    steps = step_advantages(trajectories, scores, group_ids, gamma, anchor, scale_by_std=False)
+    members: dict[tuple[int, str], int] = defaultdict(int)
+    for group, trajectory in zip(group_ids, trajectories, strict=True):
+        for state in anchors(trajectory, anchor):
+            members[group, state] += 1
+    by_turn: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for group, trajectory, values in zip(group_ids, trajectories, steps, strict=True):
+        for t, (state, value) in enumerate(zip(anchors(trajectory, anchor), values, strict=True)):
+            by_turn[t].append((members[group, state], value))
+    return {t: {"turns": len(cells), "shared": sum(n > 1 for n, _ in cells) / len(cells),
+                "group_size": sum(n for n, _ in cells if n > 1) / max(sum(n > 1 for n, _ in cells), 1),
+                "nonzero": sum(abs(v) > 1e-9 for _, v in cells) / len(cells)}
+            for t, cells in sorted(by_turn.items())}  # fmt: skip
+
 
 def anchor_stats(run_dir: Path, groups: int) -> dict[int, dict[str, float]]:
+    """``turn_sharing`` of ``groups`` groups played on the run's training seeds with its saved policy."""
     from rl_llm.agents.hf import HFPolicy
     from rl_llm.agents.llm import SamplingParams
     from rl_llm.agents.rollout import collect
     from rl_llm.trainers.config import load_config
     from rl_llm.trainers.runner import env_factory
-    from rl_llm.trainers.turn_credit import anchors, step_advantages
 
     config = load_config(run_dir / "config.yaml")
     rollout, advantage = config.rollout, config.advantage
@@ -39,20 +66,7 @@ def anchor_stats(run_dir: Path, groups: int) -> dict[int, dict[str, float]]:
     trajectories = collect(env_factory(config), policy, seeds, rollout.group_size,
                            max_new_tokens=rollout.max_new_tokens)  # fmt: skip
     group_ids = [i // rollout.group_size for i in range(len(trajectories))]
-    steps = step_advantages(trajectories, [t.total_reward for t in trajectories], group_ids,
-                            advantage.gigpo_gamma, advantage.gigpo_anchor, scale_by_std=False)  # fmt: skip
-    members: dict[tuple[int, str], int] = defaultdict(int)
-    for group, trajectory in zip(group_ids, trajectories, strict=True):
-        for state in anchors(trajectory, advantage.gigpo_anchor):
-            members[group, state] += 1
-    by_turn: dict[int, list[tuple[int, float]]] = defaultdict(list)
-    for group, trajectory, values in zip(group_ids, trajectories, steps, strict=True):
-        for t, (state, value) in enumerate(zip(anchors(trajectory, advantage.gigpo_anchor), values, strict=True)):
-            by_turn[t].append((members[group, state], value))
-    return {t: {"turns": len(cells), "shared": sum(n > 1 for n, _ in cells) / len(cells),
-                "group_size": sum(n for n, _ in cells if n > 1) / max(sum(n > 1 for n, _ in cells), 1),
-                "nonzero": sum(abs(v) > 1e-9 for _, v in cells) / len(cells)}
-            for t, cells in sorted(by_turn.items())}  # fmt: skip
+    return turn_sharing(trajectories, group_ids, advantage.gigpo_gamma, advantage.gigpo_anchor)
 
 
 def main() -> None:

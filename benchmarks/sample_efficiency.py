@@ -88,12 +88,18 @@ def mean_sd(values: list[float]) -> tuple[float, float]:
 
 
 def summarise(comparison: str, rows: list[dict]) -> None:
-    arms = list(ARMS[comparison])
-    base = [r for r in rows if r["arm"] == arms[0]]
+    arms = [arm for arm in ARMS[comparison] if any(r["arm"] == arm for r in rows)]  # a stopped run may lack some
+    # Only the seeds every present arm has (a stopped run's last seed may be partial): the arms stay paired.
+    common = set.intersection(*({r["seed"] for r in rows if r["arm"] == arm} for arm in arms)) if arms else set()
+    rows = [r for r in rows if r["seed"] in common]
+    base = [r for r in rows if r["arm"] == next(iter(ARMS[comparison]))]
+    if not base:
+        print(f"\n({comparison}) no run of the baseline arm {next(iter(ARMS[comparison]))} yet: nothing to compare")
+        return
     base_gain, _ = mean_sd([r["gain"] for r in base])
     base_episodes = sum(r["episodes"] for r in base) / len(base)
     base_cpu = sum(r["cpu_s"] for r in base) / len(base)
-    print(f"\n({comparison}) {len(base)} seed(s); baseline arm: {arms[0]}")
+    print(f"\n({comparison}) {len(base)} seed(s) of the baseline; baseline arm: {arms[0]}")
     print(f"{'arm':>12} {'win SFT':>7} {'win RL':>6} {'gain mean ± sd':>15} {'gain>0':>6} {'Δgain vs base':>13} "
           f"{'zero-signal':>11} {'episodes (x base)':>17} {'CPU s (x base)':>15}")  # fmt: skip
     for arm in arms:
