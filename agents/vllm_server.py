@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import os
 import signal
 import socket
@@ -40,6 +41,8 @@ from rl_llm.agents.http_client import RetryingJSONClient, require
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams, named_draw_seed
 from rl_llm.agents.policy import Completion
 from rl_llm.agents.vllm_backend import _load_tokenizer, engine_arg_names, require_vllm
+
+logger = logging.getLogger(__name__)
 
 #: The KV cache of a server started on a machine without a GPU (vLLM would otherwise take 90% of host RAM).
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -321,12 +324,40 @@ class VLLMServer:
                 self.process.kill()
                 self.process.wait()
         _signal_group(self.process.pid, signal.SIGKILL)  # what is left of the group, after a crash too
+        # A killed process is gone only once the kernel has torn down its memory (an engine core's KV cache:
+        # a moment); a restarted server that started before that would find the memory still taken.
+        _wait_until_gone(self.process.pid, timeout_s=15.0)
         self._log.close()
 
 
 def _signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``, read from /proc (empty where there is none)."""
+    members = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry))
+    return members
+
+
+def _wait_until_gone(pgid: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (left := _group_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if left:
+        logger.warning("processes %s of the stopped vLLM server (group %d) are still exiting after %.0fs",
+                       left, pgid, timeout_s)  # fmt: skip
 
 
 def _has_cuda() -> bool:

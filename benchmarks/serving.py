@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 ENV_ID = "rl-llm/MultiArmedBandit-v0"
 HORIZON = 10
@@ -74,14 +74,75 @@ def recorded_episode() -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return asyncio.run(record())
 
 
+class OpenEnvReset(BaseModel):
+    model_config = ConfigDict(extra="allow")  # as OpenEnv's own request models
+    seed: int | None = None
+    episode_id: str | None = None
+
+
+class OpenEnvStep(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    action: dict[str, Any]
+    episode_id: str | None = None
+
+
+def recorded_openenv_episode() -> tuple[list[Any], list[Any]]:
+    """The OpenEnv server's own replies for one episode (reset, then ``HORIZON`` steps): the plain-HTTP bodies
+    and the ``/ws`` messages, recorded once at start so the bare app's OpenEnv routes answer the same bytes."""
+    from fastapi.testclient import TestClient
+
+    from rl_llm.integrations.openenv import create_openenv_app
+
+    with TestClient(create_openenv_app(ENV_ID, {"horizon": HORIZON})) as client:
+        http = [client.post("/reset", json={"seed": 0, "episode_id": "e"}).json()]
+        http += [client.post("/step", json={"action": {"message": ACTION}, "episode_id": "e"}).json()
+                 for _ in range(HORIZON)]  # fmt: skip
+        with client.websocket_connect("/ws") as socket:
+            ws = []
+            for message in [{"type": "reset", "data": {"seed": 0}}] + [{"type": "step", "data": {"message": ACTION}}] * HORIZON:
+                socket.send_text(json.dumps(message))
+                ws.append(json.loads(socket.receive_text()))
+    return http, ws
+
+
 def bare_app() -> Any:
     """Three routes with the same request bodies as the env server's, answering a recorded episode of
-    ``HORIZON`` steps with the server's own replies; FastAPI encodes the returned dicts as an app would."""
+    ``HORIZON`` steps with the server's own replies; FastAPI encodes the returned dicts as an app would. And
+    OpenEnv's ``/reset``, ``/step`` and ``/ws``, answering the OpenEnv server's recorded replies: the ceiling
+    for the OpenEnv rows, driven by the same clients (openenv-core's own over ``/ws``)."""
     import uuid
 
     app = FastAPI()
     turns: dict[str, int] = {}
     reset_recorded, steps_recorded = recorded_episode()
+    openenv_http, openenv_ws = recorded_openenv_episode()
+
+    def openenv_reply(recorded: list[Any], key: str, reset: bool) -> Any:
+        turn = 0 if reset else turns.get(key, 0) + 1
+        turns[key] = turn
+        return recorded[min(turn, HORIZON)]
+
+    @app.post("/reset")
+    async def openenv_reset(request: OpenEnvReset) -> dict[str, Any]:
+        return openenv_reply(openenv_http, str(request.episode_id), reset=True)
+
+    @app.post("/step")
+    async def openenv_step(request: OpenEnvStep) -> dict[str, Any]:
+        return openenv_reply(openenv_http, str(request.episode_id), reset=False)
+
+    @app.websocket("/ws")
+    async def openenv_session(socket: WebSocket) -> None:
+        await socket.accept()
+        key = uuid.uuid4().hex
+        try:
+            while True:
+                message = json.loads(await socket.receive_text())
+                if message.get("type") == "close":
+                    break
+                await socket.send_text(json.dumps(openenv_reply(openenv_ws, key, message.get("type") == "reset")))
+        except WebSocketDisconnect:
+            pass
+        turns.pop(key, None)
 
     def reset_reply(sid: str) -> dict[str, Any]:
         turns[sid] = 0
@@ -407,12 +468,12 @@ OPENENV = ["-m", "rl_llm.integrations.openenv", "--env", ENV_ID, "-k", f"horizon
 
 def bench_http(args: argparse.Namespace, proto: str) -> None:
     """Alternate bare and ours point by point, so drift on the shared machine hits both alike. OpenEnv is
-    compared with the bare app's own routes (HTTP or WebSocket), the stack's ceiling either way."""
+    compared with the bare app's OpenEnv routes, driven by the same client: its protocol's ceiling here."""
     print(HEADER, flush=True)
     ours_argv = OPENENV if proto.startswith("openenv") else [HERE, "--serve", "http", "--port", "{port}"]
     if proto == "ws-replay":  # the env server with its env replayed: the endpoint's own cost
         ours_argv = [HERE, "--serve", "replay", "--port", "{port}"]
-    bare_proto = proto.removeprefix("openenv-").removesuffix("-replay")
+    bare_proto = proto.removesuffix("-replay")  # OpenEnv: the bare app's OpenEnv routes, the same client
     with server_process([HERE, "--serve", "bare", "--port", "{port}"]) as (bare_url, bare_pid), \
          server_process(ours_argv) as (ours_url, ours_pid):  # fmt: skip
         for clients in args.clients:

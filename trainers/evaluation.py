@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -16,6 +17,7 @@ from rl_llm.agents.baselines import baselines_for, make_baseline
 from rl_llm.agents.evaluate import evaluate, mean_ci95, summary_table
 from rl_llm.agents.rollout import collect
 from rl_llm.trainers.checkpoint import write_text_atomic
+from rl_llm.trainers.generation import play_whole
 
 if TYPE_CHECKING:
     from rl_llm.agents.llm import LLMPolicy
@@ -67,10 +69,9 @@ def evaluate_llm(make_env: Callable[[], gym.Env], policy: LLMPolicy, seeds: Sequ
     training_sampling = policy.sampling
     policy.sampling = replace(training_sampling, temperature=temperature)
     try:
-        trajectories = collect(make_env, policy, list(seeds), 1, max_new_tokens=max_new_tokens, concurrency=concurrency)
-        while recover is not None and recover(trajectories):  # bounded: recover raises past max_restarts
-            trajectories = collect(make_env, policy, list(seeds), 1, max_new_tokens=max_new_tokens,
-                                   concurrency=concurrency)  # fmt: skip
+        play = functools.partial(collect, make_env, policy, list(seeds), 1, max_new_tokens=max_new_tokens,
+                                 concurrency=concurrency)  # fmt: skip
+        trajectories = play_whole(play, recover)
     finally:
         policy.sampling = training_sampling
     return _result(seeds, [t.total_reward for t in trajectories], [t.metrics for t in trajectories])

@@ -26,12 +26,12 @@ import copy
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from rl_llm.trainers.config import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     import torch
     from torch import nn
@@ -67,6 +67,22 @@ def is_asynchronous(config: TrainConfig) -> bool:
     """Whether generation overlaps the update (``trainers/async_grpo.py``)."""
     return config.rollout.max_staleness is not None
 
+
+
+Played = TypeVar("Played")
+
+
+def play_whole(play: Callable[[], Played], recover: Callable[[Sequence[Trajectory]], bool] | None,
+               episodes: Callable[[Played], Sequence[Trajectory]] | None = None) -> Played:
+    """``play()``, and again for as long as ``recover`` (a run's ``Generation.recover``) says the generator was
+    lost during it and has been restarted: a lost episode is not the policy's result, so what is returned was
+    played whole by one server. ``episodes`` picks the trajectories out of what ``play`` returns where that is
+    not a list of them (a game's matches: both seats). Bounded, since ``recover`` raises past ``rollout.vllm.max_restarts``
+    (docs/vllm.md#when-the-server-dies); ``recover=None`` plays once."""
+    played = play()
+    while recover is not None and recover(episodes(played) if episodes is not None else played):  # type: ignore[arg-type]
+        played = play()
+    return played
 
 @dataclass
 class Generation:

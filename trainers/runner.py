@@ -34,7 +34,7 @@ from rl_llm.trainers.config import TrainConfig, config_to_dict
 from rl_llm.trainers.curriculum import TaskSampler, train_env_factory
 from rl_llm.trainers.evaluation import EvalResult, evaluate_baselines, evaluate_llm, print_comparison
 from rl_llm.trainers.filtering import collect_step
-from rl_llm.trainers.generation import build_generation
+from rl_llm.trainers.generation import build_generation, play_whole
 from rl_llm.trainers.logging import MetricsWriter, ProgressDisplay, plot_comparison, plot_curves, read_metrics
 from rl_llm.trainers.modeling import (
     Critic,
@@ -214,11 +214,13 @@ class TrainingRun:
         # A server lost during the rollout is restarted with the trainer's weights and the step is collected
         # again from the same task state, so its data is whole (bounded: docs/vllm.md#when-the-server-dies).
         next_seed, tasks = self.next_seed, self.tasks.state_dict()
-        trajectories = self._play(seeds)
-        while self.generation.recover(self._played(trajectories)):
+
+        def play() -> list[Trajectory]:  # from the same task state each time
             self.next_seed = next_seed
             self.tasks.load_state_dict(tasks)
-            trajectories = self._play(seeds)  # a game's whole matches again, both seats (self.matches)
+            return self._play(seeds)
+
+        trajectories = play_whole(play, self.generation.recover, episodes=self._played)
         self.sync.before_update()
         release_cached_memory(self.device)  # generation's KV caches: free for the update (and a colocated engine)
         return trajectories
@@ -227,7 +229,9 @@ class TrainingRun:
         """Every trajectory of the last rollout: a game's seats of both players, else ``trajectories``."""
         if self.matches is None:
             return trajectories
-        return [seat for match in self.matches for seat in match.seats]
+        from rl_llm.trainers.social import match_seats
+
+        return match_seats(self.matches)
 
     def play_matches(self, seeds: list[int]) -> list[Any]:
         """``group_size`` matches per seed of a two-player game as the opponents plan says (trainers/social.py);

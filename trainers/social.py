@@ -20,6 +20,7 @@ differs only where ``TrainingRun`` asks this module (docs/multi-agent.md):
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import zlib
@@ -31,6 +32,7 @@ import numpy as np
 import torch
 
 from rl_llm.trainers.config import ConfigError, SocialConfig
+from rl_llm.trainers.generation import play_whole
 from rl_llm.trainers.turn_credit import turn_returns
 from rl_llm.types import Trajectory
 
@@ -305,6 +307,11 @@ def learner_trajectories(matches: Sequence[Match]) -> list[Trajectory]:
     return [match.seats[s] for match in matches for s in match.learner]
 
 
+def match_seats(matches: Sequence[Match]) -> list[Trajectory]:
+    """Every seat of ``matches``, both players': what a lost generation server may have cut short."""
+    return [seat for match in matches for seat in match.seats]
+
+
 def match_advantages(matches: Sequence[Match], config: TrainConfig) -> dict[int, dict[int, float]]:
     """Per-round advantages of every learner trajectory (keyed by ``id(trajectory)``): RLOO per round over its
     seed group (per seat with ``role_baseline``), plus the Advantage Alignment term when it is on."""
@@ -515,9 +522,8 @@ def _evaluate_game(config: TrainConfig, policy: Any, max_new_tokens: int, concur
             players[seat] = None
             return name, (players[0], players[1]), (seat,)
 
-        matches = play_games(config, policy, seeds, 1, plan, max_new_tokens, concurrency)
-        while recover is not None and recover([seat for match in matches for seat in match.seats]):
-            matches = play_games(config, policy, seeds, 1, plan, max_new_tokens, concurrency)
+        play = functools.partial(play_games, config, policy, seeds, 1, plan, max_new_tokens, concurrency)
+        matches = play_whole(play, recover, episodes=match_seats)
         for match in matches:
             s = match.learner[0]
             own, other = match.seats[s], match.seats[1 - s]

@@ -9,6 +9,8 @@ every episode finishes without an error and the run leaves nothing behind.
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -173,3 +175,29 @@ def test_the_server_is_told_its_worker_extension(monkeypatch: pytest.MonkeyPatch
     with pytest.warns(DeprecationWarning, match="worker_extension"):
         old_command, old_env = launch(weight_sync=True)  # the old spelling: the trainer's receiver
     assert (old_command[1:], old_env["VLLM_SERVER_DEV_MODE"]) == (command[1:], "1")
+
+
+def test_stopping_a_server_waits_until_every_process_of_its_group_is_gone() -> None:
+    """A killed engine process holds its memory until the kernel has torn it down; a restarted server must not
+    start before that, so ``close`` returns only once no live process of the server's group is left."""
+    import subprocess
+    import sys
+
+    from rl_llm.agents import vllm_server
+
+    # A "server" that starts a child which ignores SIGTERM, as an engine core busy in C code would not stop.
+    script = ("import signal, subprocess, sys, time; "
+              "subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)']); time.sleep(60)")  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        for _ in range(100):  # the child has started
+            if len(vllm_server._group_members(process.pid)) == 2:
+                break
+            time.sleep(0.05)
+        assert len(vllm_server._group_members(process.pid)) == 2
+        server = SimpleNamespace(process=process, _log=open(os.devnull, "w"))  # noqa: SIM115  (closed by close)
+        vllm_server.VLLMServer.close(server)  # type: ignore[arg-type]
+        assert vllm_server._group_members(process.pid) == []
+    finally:
+        vllm_server._signal_group(process.pid, 9)
