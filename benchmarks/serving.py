@@ -9,12 +9,14 @@ with the same three routes (create, reset, step) and no env: the web stack's own
 Printed per point: calls/s, p50 and p99 latency, and the ratios ``ours / bare`` (targets: calls/s >= 0.8x,
 p99 <= 2x; docs/serving.md#targets). Also: the WebSocket endpoint ``/sessions/ws`` (one connection per
 client, whole episodes over it) against a bare WebSocket route, the same with the env replayed from a
-recording (``ws-replay``: the endpoint's own cost, without the env's), the server's RSS per open session, and
-the retriever server's queries/s. The sandbox parts: whole Terminal-v0 episodes played by the oracle with
+recording (``ws-replay``: the endpoint's own cost, without the env's), the OpenEnv server over plain HTTP and
+``/ws`` (openenv-core's own client) against the bare app's OpenEnv routes driven by the same client, and
+replayed (``openenv-*-replay``), the server's RSS per open session, and the retriever server's queries/s. The sandbox parts: whole Terminal-v0 episodes played by the oracle with
 N in flight (``terminal``: reset, step and check latency, episodes/s, where step p50 doubles against one
 episode alone, and a burst of resets against a low start cap) and bare sandbox shells (``sandboxes``).
 
-    python benchmarks/serving.py [--seconds 4] [--clients 1 64 256 1000] [--only http ws ws-replay memory retriever]
+    python benchmarks/serving.py [--seconds 4] [--rounds 2] [--clients 1 64 256 1000] [--only http ws ws-replay
+        openenv-http openenv-ws openenv-http-replay openenv-ws-replay memory retriever]
     python benchmarks/serving.py --only terminal [--terminal-episodes 1 4 16 64] [--terminal-burst 64]
 """
 
@@ -212,10 +214,27 @@ def replay_server() -> Any:
     return EnvServer(config, make_env=lambda env_id, kwargs: ReplayedEnv(reset, steps)).app
 
 
+def serve_openenv_replay(port: int) -> None:
+    """The OpenEnv server exactly as ``python -m rl_llm.integrations.openenv`` runs it, each session's env
+    replaying one recorded episode (the ``openenv-*-replay`` rows): openenv-core's and the adapter's own
+    cost per call, without the env's."""
+    import rl_llm.integrations.openenv as openenv
+    from rl_llm.integrations.generic import EnvFactory
+
+    env = EnvFactory(ENV_ID, horizon=HORIZON)()
+    reset = env.reset(seed=0)
+    steps = [env.step(ACTION) for _ in range(HORIZON)]
+    openenv.make_env = lambda env_id, **kwargs: ReplayedEnv(reset, steps)  # this process only: a benchmark's
+    openenv.main(["--env", ENV_ID, "-k", f"horizon={HORIZON}", "--port", str(port), "--max-sessions", "1100",
+                  "--max-episodes", "1100"])  # fmt: skip
+
+
 def serve(kind: str, port: int) -> None:
     import uvicorn
 
-    if kind in ("bare", "replay"):
+    if kind == "openenv-replay":
+        serve_openenv_replay(port)
+    elif kind in ("bare", "replay"):
         app = bare_app() if kind == "bare" else replay_server()
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
     else:
@@ -265,6 +284,7 @@ class Point:
     latencies: list[float]
     errors: int
     server_cpu_s: float = 0.0  # CPU the server process used meanwhile (user + system)
+    client_cpu_s: float = 0.0  # CPU the load client (this process, one core at most) used meanwhile
 
     def add(self, other: Point) -> None:
         self.calls += other.calls
@@ -272,11 +292,22 @@ class Point:
         self.latencies += other.latencies
         self.errors += other.errors
         self.server_cpu_s += other.server_cpu_s
+        self.client_cpu_s += other.client_cpu_s
 
     @property
     def cpu_us(self) -> float:
         """Server CPU per call: unlike calls/s, barely moved by other load on a shared machine."""
         return self.server_cpu_s / max(1, self.calls) * 1e6
+
+    @property
+    def client_cpu_us(self) -> float:
+        """Client CPU per call. Server and client are one process each, so each can use one core at most: the
+        side with the larger CPU per call bounds calls/s (``bound`` in the tables)."""
+        return self.client_cpu_s / max(1, self.calls) * 1e6
+
+    @property
+    def bound(self) -> str:
+        return "server" if self.cpu_us >= self.client_cpu_us else "client"
 
     @property
     def rate(self) -> float:
@@ -288,8 +319,10 @@ class Point:
 
 
 async def run_load(clients: int, seconds: float, episode: Callable[[Any, Callable[[float], None]], Awaitable[None]],
-                   setup: Callable[[Any], Awaitable[Any]]) -> Point:
-    """``clients`` coroutines each play ``episode`` until ``seconds`` have passed; latencies of each call."""
+                   setup: Callable[[Any], Awaitable[Any]], pid: int | None = None) -> Point:
+    """``clients`` coroutines each play ``episode`` until ``seconds`` have passed; latencies of each call, and
+    the CPU the server (``pid``) and this client used over those seconds only (connecting the clients and
+    saying goodbye are left out: with 1,000 clients they are not small)."""
     import aiohttp
 
     latencies: list[float] = []
@@ -297,7 +330,7 @@ async def run_load(clients: int, seconds: float, episode: Callable[[Any, Callabl
     connector = aiohttp.TCPConnector(limit=clients + 8)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
         states = await asyncio.gather(*(setup(http) for _ in range(clients)))
-        start = time.perf_counter()
+        start, server_before, client_before = time.perf_counter(), cpu_s(pid) if pid else 0.0, time.process_time()
         stop = start + seconds
 
         def record(latency: float) -> None:
@@ -313,10 +346,11 @@ async def run_load(clients: int, seconds: float, episode: Callable[[Any, Callabl
 
         await asyncio.gather(*(client(state) for state in states))
         elapsed = time.perf_counter() - start
+        server_cpu, client_cpu = (cpu_s(pid) if pid else 0.0) - server_before, time.process_time() - client_before
         for state in states:  # a clean goodbye, so servers do not log dropped connections
             if hasattr(state, "close"):
                 await state.close()
-    return Point(len(latencies), elapsed, latencies, errors)
+    return Point(len(latencies), elapsed, latencies, errors, server_cpu, client_cpu)
 
 
 def http_episode(url: str) -> tuple[Any, Any]:
@@ -422,15 +456,13 @@ def openenv_ws_episode(url: str) -> tuple[Any, Any]:
 
 
 EPISODES = {"http": http_episode, "ws": ws_episode, "ws-replay": ws_episode, "openenv-http": openenv_http_episode,
-            "openenv-ws": openenv_ws_episode}  # fmt: skip
+            "openenv-ws": openenv_ws_episode, "openenv-http-replay": openenv_http_episode,
+            "openenv-ws-replay": openenv_ws_episode}  # fmt: skip
 
 
 def measure(url: str, clients: int, seconds: float, proto: str = "http", pid: int | None = None) -> Point:
     setup, episode = EPISODES[proto](url)
-    before = cpu_s(pid) if pid else 0.0
-    point = asyncio.run(run_load(clients, seconds, episode, setup))
-    point.server_cpu_s = cpu_s(pid) - before if pid else 0.0  # includes the setup's session creation: small
-    return point
+    return asyncio.run(run_load(clients, seconds, episode, setup, pid))
 
 
 def cpu_s(pid: int) -> float:
@@ -452,13 +484,15 @@ def row(label: str, clients: int, ours: Point, bare: Point) -> str:
     return (
         f"| {label} | {clients} | {bare.rate:,.0f} | {ours.rate:,.0f} | {ours.rate / bare.rate:.2f}x | "
         f"{bare.pct(0.99):.0f} | {ours.pct(0.99):.0f} | {ours.pct(0.99) / bare.pct(0.99):.2f}x | "
-        f"{bare.cpu_us:.0f} | {ours.cpu_us:.0f} | {ours.errors} |"
+        f"{bare.cpu_us:.0f} / {ours.cpu_us:.0f} | {bare.client_cpu_us:.0f} / {ours.client_cpu_us:.0f} | "
+        f"{bare.bound} / {ours.bound} | {ours.errors} |"
     )
 
 
 HEADER = (
     "| endpoint | clients | bare calls/s | ours calls/s | ratio | bare p99 ms | ours p99 ms | p99 ratio | "
-    "bare server CPU us/call | ours server CPU us/call | errors |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    "server CPU us/call, bare / ours | client CPU us/call, bare / ours | bound, bare / ours | errors |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -471,8 +505,9 @@ def bench_http(args: argparse.Namespace, proto: str) -> None:
     compared with the bare app's OpenEnv routes, driven by the same client: its protocol's ceiling here."""
     print(HEADER, flush=True)
     ours_argv = OPENENV if proto.startswith("openenv") else [HERE, "--serve", "http", "--port", "{port}"]
-    if proto == "ws-replay":  # the env server with its env replayed: the endpoint's own cost
-        ours_argv = [HERE, "--serve", "replay", "--port", "{port}"]
+    if proto.endswith("-replay"):  # the server with its env replayed: the server's own cost per call
+        kind = "openenv-replay" if proto.startswith("openenv") else "replay"
+        ours_argv = [HERE, "--serve", kind, "--port", "{port}"]
     bare_proto = proto.removesuffix("-replay")  # OpenEnv: the bare app's OpenEnv routes, the same client
     with server_process([HERE, "--serve", "bare", "--port", "{port}"]) as (bare_url, bare_pid), \
          server_process(ours_argv) as (ours_url, ours_pid):  # fmt: skip
@@ -776,13 +811,14 @@ def bench_terminal(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--serve", choices=["bare", "http", "replay"], help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=["bare", "http", "replay", "openenv-replay"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=4.0, help="seconds per point (default 4)")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 64, 256, 1000])
     parser.add_argument("--rounds", type=int, default=2, help="alternate bare/ours this many times per point")
     parser.add_argument("--sessions", type=int, default=10000, help="open sessions for the memory figure")
-    parts = ["http", "ws", "ws-replay", "openenv-http", "openenv-ws", "memory", "retriever", "terminal", "sandboxes"]
+    parts = ["http", "ws", "ws-replay", "openenv-http", "openenv-ws", "openenv-http-replay", "openenv-ws-replay",
+             "memory", "retriever", "terminal", "sandboxes"]  # fmt: skip
     parser.add_argument("--sandbox-sessions", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--terminal-episodes", type=int, nargs="+", default=[1, 4, 16, 64],
                         help="Terminal-v0 episodes in flight per point; the smallest is the baseline")
@@ -795,7 +831,7 @@ def main() -> None:
     if args.serve:
         return serve(args.serve, args.port)
     print(f"serving benchmark: {os.cpu_count()} CPUs, {args.seconds:g} s per point, {ENV_ID} horizon {HORIZON}")
-    for proto in ("http", "ws", "ws-replay", "openenv-http", "openenv-ws"):
+    for proto in ("http", "ws", "ws-replay", "openenv-http", "openenv-ws", "openenv-http-replay", "openenv-ws-replay"):
         if proto in args.only:
             bench_http(args, proto)
     if "memory" in args.only:

@@ -48,3 +48,35 @@ def test_a_burst_of_resets_queues_behind_the_start_cap_and_none_fails(serving: M
     assert "of 3 sandbox starts waited" in line  # every reset started its own sandbox through the gate
     assert "error:" not in line
     assert starts.limit == limit  # the cap is given back
+
+
+def test_the_bare_apps_openenv_routes_answer_openenv_clients_with_the_servers_own_replies(serving: ModuleType) -> None:
+    """The OpenEnv rows' baseline must speak OpenEnv: openenv-core's own client plays whole episodes against
+    the bare app's ``/ws`` and gets the OpenEnv server's recorded replies, and plain HTTP gets its bodies."""
+    pytest.importorskip("openenv.core", reason="the OpenEnv rows need openenv-core (the openenv extra)")
+    import httpx
+    from openenv.core import GenericEnvClient
+
+    from rl_llm.integrations.http_server import BackgroundServer
+
+    recorded_http, recorded_ws = serving.recorded_openenv_episode()
+    assert recorded_http[0]["done"] is False and recorded_http[-1]["done"] is True
+    assert [m["data"] for m in recorded_ws] == recorded_http  # the same replies over both transports
+    with BackgroundServer(serving.bare_app()) as server:
+        with GenericEnvClient(base_url=server.url).sync() as env:
+            for _ in range(2):  # a second episode starts over
+                results = [env.reset(seed=0)]
+                while not results[-1].done:
+                    results.append(env.step({"message": serving.ACTION}))
+                assert [r.observation for r in results] == [m["observation"] for m in recorded_http]
+                assert [r.reward for r in results] == [m["reward"] for m in recorded_http]
+        body = {"action": {"message": serving.ACTION}, "episode_id": "e"}
+        assert httpx.post(server.url + "/reset", json={"seed": 0, "episode_id": "e"}).json() == recorded_http[0]
+        assert httpx.post(server.url + "/step", json=body).json() == recorded_http[1]
+
+
+def test_a_point_says_which_side_bounds_it(serving: ModuleType) -> None:
+    point = serving.Point(calls=1000, seconds=1.0, latencies=[], errors=0, server_cpu_s=0.05, client_cpu_s=0.03)
+    assert (round(point.cpu_us), round(point.client_cpu_us), point.bound) == (50, 30, "server")
+    point.add(serving.Point(calls=1000, seconds=1.0, latencies=[], errors=0, server_cpu_s=0.01, client_cpu_s=0.09))
+    assert (round(point.cpu_us), round(point.client_cpu_us), point.bound) == (30, 60, "client")

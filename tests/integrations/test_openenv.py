@@ -200,3 +200,48 @@ def test_openenv_steps_go_inline_once_cheap_and_match_the_pooled_ones() -> None:
     assert asyncio.run(play(inline_env)) == asyncio.run(play(pooled_env))
     assert policy.inline(("rl-llm/MultiArmedBandit-v0", "step"))  # 12 cheap steps: the later ones ran inline
     assert not policy.inline(("rl-llm/MultiArmedBandit-v0", "reset"))  # one reset is no streak
+
+
+def test_a_client_that_hangs_up_ends_its_session_without_an_error_log() -> None:
+    """openenv-core closes the socket after a session ends; when the client has already hung up, that close
+    raised, and uvicorn logged "Exception in ASGI application" with a traceback for every session."""
+    import json
+    import logging
+    import socket
+    import time
+
+    from websockets.sync.client import connect
+
+    errors: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = errors.append  # type: ignore[method-assign]
+    uvicorn_errors = logging.getLogger("uvicorn.error")
+    capacity = 2
+    try:
+        with BackgroundServer(create_openenv_app(TTT, {"opponent": "minimax"}, max_sessions=capacity)) as server:
+            uvicorn_errors.addHandler(handler)  # after the start: uvicorn's logging config drops earlier handlers
+            for _ in range(3):
+                with GenericEnvClient(base_url=server.url).sync() as env:  # says goodbye, then hangs up
+                    env.reset(seed=0)
+            for _ in range(capacity):  # hangs up without a goodbye: the TCP connection just drops
+                with connect(server.url.replace("http", "ws", 1) + "/ws") as dropped:
+                    dropped.send(json.dumps({"type": "reset", "data": {"seed": 1}}))
+                    assert json.loads(dropped.recv(timeout=10))["type"] == "observation"
+                    dropped.socket.shutdown(socket.SHUT_RDWR)  # no close frame
+            deadline, free = time.monotonic() + 10, False
+            while not free and time.monotonic() < deadline:  # every session has ended: all seats free again
+                sessions = [GenericEnvClient(base_url=server.url).sync() for _ in range(capacity)]
+                try:
+                    for session in sessions:
+                        session.reset(seed=2)
+                    free = True
+                except RuntimeError:  # CAPACITY_REACHED: the dropped ones are still ending
+                    time.sleep(0.1)
+                finally:
+                    for session in sessions:
+                        session.close()
+            assert free, "the dropped sessions were never freed"
+            time.sleep(0.3)  # the last sessions' own ends
+    finally:
+        uvicorn_errors.removeHandler(handler)
+    assert [record.getMessage() for record in errors] == []
