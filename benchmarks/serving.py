@@ -132,19 +132,22 @@ def bare_app() -> Any:
     async def openenv_step(request: OpenEnvStep) -> dict[str, Any]:
         return openenv_reply(openenv_http, str(request.episode_id), reset=False)
 
-    @app.websocket("/ws")
-    async def openenv_session(socket: WebSocket) -> None:
+    async def session(socket: WebSocket, answer: Callable[[dict[str, Any], str], Any]) -> None:
+        """Each JSON message answered by ``answer(message, session key)`` until it returns None or the
+        client goes."""
         await socket.accept()
         key = uuid.uuid4().hex
         try:
-            while True:
-                message = json.loads(await socket.receive_text())
-                if message.get("type") == "close":
-                    break
-                await socket.send_text(json.dumps(openenv_reply(openenv_ws, key, message.get("type") == "reset")))
+            while (reply := answer(json.loads(await socket.receive_text()), key)) is not None:
+                await socket.send_text(json.dumps(reply))
         except WebSocketDisconnect:
             pass
         turns.pop(key, None)
+
+    @app.websocket("/ws")
+    async def openenv_session(socket: WebSocket) -> None:
+        await session(socket, lambda message, key: None if message.get("type") == "close" else
+                      openenv_reply(openenv_ws, key, message.get("type") == "reset"))  # fmt: skip
 
     def reset_reply(sid: str) -> dict[str, Any]:
         turns[sid] = 0
@@ -167,18 +170,13 @@ def bare_app() -> Any:
     async def step(sid: str, request: Step) -> dict[str, Any]:
         return step_reply(sid)
 
+    def rl_llm_reply(message: dict[str, Any], sid: str) -> dict[str, Any]:
+        op = message["op"]
+        return {"session_id": sid} if op == "create" else reset_reply(sid) if op == "reset" else step_reply(sid)
+
     @app.websocket("/sessions/ws")
     async def ws(socket: WebSocket) -> None:
-        await socket.accept()
-        sid = uuid.uuid4().hex
-        try:
-            while True:
-                message = json.loads(await socket.receive_text())
-                op = message["op"]
-                reply = {"session_id": sid} if op == "create" else reset_reply(sid) if op == "reset" else step_reply(sid)
-                await socket.send_text(json.dumps(reply))
-        except WebSocketDisconnect:
-            turns.pop(sid, None)
+        await session(socket, rl_llm_reply)
 
     return app
 
