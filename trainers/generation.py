@@ -68,7 +68,6 @@ def is_asynchronous(config: TrainConfig) -> bool:
     return config.rollout.max_staleness is not None
 
 
-
 Played = TypeVar("Played")
 
 
@@ -77,12 +76,13 @@ def play_whole(play: Callable[[], Played], recover: Callable[[Sequence[Trajector
     """``play()``, and again for as long as ``recover`` (a run's ``Generation.recover``) says the generator was
     lost during it and has been restarted: a lost episode is not the policy's result, so what is returned was
     played whole by one server. ``episodes`` picks the trajectories out of what ``play`` returns where that is
-    not a list of them (a game's matches: both seats). Bounded, since ``recover`` raises past ``rollout.vllm.max_restarts``
-    (docs/vllm.md#when-the-server-dies); ``recover=None`` plays once."""
+    not a list of them (a game's matches: both seats). Bounded, since ``recover`` raises past
+    ``rollout.vllm.max_restarts`` (docs/vllm.md#when-the-server-dies); ``recover=None`` plays once."""
     played = play()
     while recover is not None and recover(episodes(played) if episodes is not None else played):  # type: ignore[arg-type]
         played = play()
     return played
+
 
 @dataclass
 class Generation:
