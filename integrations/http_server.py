@@ -72,7 +72,7 @@ class CreateRequest(_Body):
 
 
 class ResetRequest(_Body):
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0)  # Gymnasium's seeding refuses negative seeds: a 422 here, not a lost session
     options: dict[str, Any] | None = None
 
 
@@ -263,7 +263,7 @@ class EnvServer:
             raise HTTPException(
                 504, f"{what} timed out after {self.config.step_timeout_s:g}s; session {session.id!r} was closed"
             ) from None
-        except (ValueError, TypeError) as error:
+        except (ValueError, TypeError, gym.error.Error) as error:  # the caller's input (Gymnasium's own checks too)
             raise HTTPException(400, f"{what} rejected: {error}") from None
         except Exception as error:
             self._drop(session)

@@ -47,6 +47,8 @@ class HangEnv(TextEnv):
             raise KeyError("env bug")
         if action == "no-sandbox":  # an env's own timeout (e.g. SandboxPool.acquire) is an env error
             raise TimeoutError("no sandbox free within 0.1 s")
+        if action == "gym-says-no":  # Gymnasium's own argument checks raise gymnasium.error.Error subclasses
+            raise gym.error.InvalidAction("not an action this env takes")
         return Outcome(f"echo {action}", {"echo": 1.0})
 
 
@@ -180,6 +182,7 @@ def test_batched_reset_and_step_report_errors_per_item() -> None:
         ("POST", "/sessions", {"env_id": TTT, "kwargs": {"opponent": "god"}}, 400, "opponent"),
         ("POST", "/sessions", {"env_id": TTT, "kwargs": {"no_such_arg": 1}}, 400, "takes no option 'no_such_arg'; its options are"),
         ("POST", "/sessions/{sid}/reset", {"seed": "three"}, 422, "seed"),
+        ("POST", "/sessions/{sid}/reset", {"seed": -1}, 422, "greater than or equal to 0"),  # was a 500, closed
         ("POST", "/sessions/{sid}/reset", {"options": {"agent_mark": "Z"}}, 400, "agent_mark"),
         ("POST", "/sessions/{sid}/step", {"action": "<move>B2</move>"}, 409, "reset"),
         ("POST", "/sessions/{sid}/step", {}, 422, "exactly one"),
@@ -259,6 +262,17 @@ def test_env_exception_returns_500_and_closes_the_session() -> None:
         assert error.value.status == 500 and "KeyError" in error.value.detail
         assert wait_until(ledger.all_closed_once)
         assert server.snapshot()["live_sessions"] == 0
+
+
+def test_an_env_refusing_input_through_gymnasiums_errors_is_a_400_that_keeps_the_session() -> None:
+    with serve() as served:
+        env = served.client.make(HANG)
+        env.reset()
+        with pytest.raises(EnvServerError) as error:
+            env.step("gym-says-no")
+        assert error.value.status == 400 and "not an action this env takes" in error.value.detail
+        assert env.step("hello")[0] == "echo hello"  # the session and its episode go on
+        assert served.server.snapshot()["live_sessions"] == 1
 
 
 def test_an_env_raising_timeout_error_is_an_env_failure_not_a_server_timeout() -> None:

@@ -59,6 +59,7 @@ def test_a_websocket_session_plays_like_a_local_env_and_errors_keep_the_connecti
             assert ws_call(socket, op="create", env_id=TTT)["error"]["status"] == 409  # one per connection
             assert ws_call(socket, op="step", action="<move>B2</move>")["error"]["status"] == 409  # not reset
             assert ws_call(socket, op="reset", seed="three")["error"]["status"] == 422
+            assert ws_call(socket, op="reset", seed=-1)["error"]["status"] == 422  # Gymnasium refuses it: not a 500
             assert ws_call(socket, op="jump")["error"]["status"] == 422
             socket.send("{not json")
             assert json.loads(socket.recv(timeout=30))["error"]["status"] == 422
