@@ -8,14 +8,15 @@ with the same three routes (create, reset, step) and no env: the web stack's own
 
 Printed per point: calls/s, p50 and p99 latency, and the ratios ``ours / bare`` (targets: calls/s >= 0.8x,
 p99 <= 2x; docs/serving.md#targets). Also: the WebSocket endpoint ``/sessions/ws`` (one connection per
-client, whole episodes over it) against a bare WebSocket route, the same with the env replayed from a
-recording (``ws-replay``: the endpoint's own cost, without the env's), the OpenEnv server over plain HTTP and
-``/ws`` (openenv-core's own client) against the bare app's OpenEnv routes driven by the same client, and
-replayed (``openenv-*-replay``), the server's RSS per open session, and the retriever server's queries/s. The sandbox parts: whole Terminal-v0 episodes played by the oracle with
-N in flight (``terminal``: reset, step and check latency, episodes/s, where step p50 doubles against one
-episode alone, and a burst of resets against a low start cap) and bare sandbox shells (``sandboxes``).
+client, whole episodes over it) against a bare WebSocket route; the same servers with the env replayed from a
+recording (``http-replay``, ``ws-replay``: the server's own cost, without the env's); the OpenEnv server over
+plain HTTP and ``/ws`` (openenv-core's own client) against the bare app's OpenEnv routes driven by the same
+client, and replayed (``openenv-*-replay``); the server's RSS per open session; the retriever server's
+queries/s. The sandbox parts: whole Terminal-v0 episodes played by the oracle with N in flight
+(``terminal``: reset, step and check latency, episodes/s, where step p50 doubles against one episode alone,
+and a burst of resets against a low start cap) and bare sandbox shells (``sandboxes``).
 
-    python benchmarks/serving.py [--seconds 4] [--rounds 2] [--clients 1 64 256 1000] [--only http ws ws-replay
+    python benchmarks/serving.py [--seconds 4] [--rounds 2] [--clients 1 64 256 1000] [--only http http-replay ws ws-replay
         openenv-http openenv-ws openenv-http-replay openenv-ws-replay memory retriever]
     python benchmarks/serving.py --only terminal [--terminal-episodes 1 4 16 64] [--terminal-burst 64]
 """
@@ -453,7 +454,7 @@ def openenv_ws_episode(url: str) -> tuple[Any, Any]:
     return setup, episode
 
 
-EPISODES = {"http": http_episode, "ws": ws_episode, "ws-replay": ws_episode, "openenv-http": openenv_http_episode,
+EPISODES = {"http": http_episode, "http-replay": http_episode, "ws": ws_episode, "ws-replay": ws_episode, "openenv-http": openenv_http_episode,
             "openenv-ws": openenv_ws_episode, "openenv-http-replay": openenv_http_episode,
             "openenv-ws-replay": openenv_ws_episode}  # fmt: skip
 
@@ -815,7 +816,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 64, 256, 1000])
     parser.add_argument("--rounds", type=int, default=2, help="alternate bare/ours this many times per point")
     parser.add_argument("--sessions", type=int, default=10000, help="open sessions for the memory figure")
-    parts = ["http", "ws", "ws-replay", "openenv-http", "openenv-ws", "openenv-http-replay", "openenv-ws-replay",
+    parts = ["http", "http-replay", "ws", "ws-replay", "openenv-http", "openenv-ws", "openenv-http-replay", "openenv-ws-replay",
              "memory", "retriever", "terminal", "sandboxes"]  # fmt: skip
     parser.add_argument("--sandbox-sessions", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--terminal-episodes", type=int, nargs="+", default=[1, 4, 16, 64],
@@ -829,7 +830,8 @@ def main() -> None:
     if args.serve:
         return serve(args.serve, args.port)
     print(f"serving benchmark: {os.cpu_count()} CPUs, {args.seconds:g} s per point, {ENV_ID} horizon {HORIZON}")
-    for proto in ("http", "ws", "ws-replay", "openenv-http", "openenv-ws", "openenv-http-replay", "openenv-ws-replay"):
+    for proto in ("http", "http-replay", "ws", "ws-replay", "openenv-http", "openenv-ws", "openenv-http-replay",
+                  "openenv-ws-replay"):
         if proto in args.only:
             bench_http(args, proto)
     if "memory" in args.only:
