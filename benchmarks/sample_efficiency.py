@@ -18,8 +18,9 @@ episodes played, and the CPU time, each next to the same-run baseline arm of its
     python benchmarks/sample_efficiency.py [--seeds 0,1,2,3,4] [--arms a,b] [--jobs N] [--smoke] [--keep DIR] [key=value ...]
 
 ``--summarise LOG`` prints the summaries from the per-run rows of an earlier run's output (all of it, or
-what a stopped run had printed), running nothing. ``--jobs N`` runs N runs at once, each in its own process on one thread (``OMP_NUM_THREADS=1``, as the
-README's figures were measured); rows print as runs finish, the summaries once all have.
+what a stopped run had printed), running nothing. ``--jobs N`` runs N runs at once, each in its own process
+on one thread (``OMP_NUM_THREADS=1``, as the README's figures were measured); rows print as runs finish, the
+summaries once all have.
 
 ``--smoke`` shrinks every run (2 RL steps, a 64-episode warm start, 8 held-out seeds) to check the script end to
 end; its figures measure nothing. Extra ``key=value`` arguments override every arm's config.
@@ -92,14 +93,15 @@ def summarise(comparison: str, rows: list[dict]) -> None:
     # Only the seeds every present arm has (a stopped run's last seed may be partial): the arms stay paired.
     common = set.intersection(*({r["seed"] for r in rows if r["arm"] == arm} for arm in arms)) if arms else set()
     rows = [r for r in rows if r["seed"] in common]
-    base = [r for r in rows if r["arm"] == next(iter(ARMS[comparison]))]
+    baseline = next(iter(ARMS[comparison]))
+    base = [r for r in rows if r["arm"] == baseline]
     if not base:
-        print(f"\n({comparison}) no run of the baseline arm {next(iter(ARMS[comparison]))} yet: nothing to compare")
+        print(f"\n({comparison}) no run of the baseline arm {baseline} yet: nothing to compare")
         return
     base_gain, _ = mean_sd([r["gain"] for r in base])
     base_episodes = sum(r["episodes"] for r in base) / len(base)
     base_cpu = sum(r["cpu_s"] for r in base) / len(base)
-    print(f"\n({comparison}) {len(base)} seed(s) of the baseline; baseline arm: {arms[0]}")
+    print(f"\n({comparison}) {len(base)} seed(s) of the baseline; baseline arm: {baseline}")
     print(f"{'arm':>12} {'win SFT':>7} {'win RL':>6} {'gain mean ± sd':>15} {'gain>0':>6} {'Δgain vs base':>13} "
           f"{'zero-signal':>11} {'episodes (x base)':>17} {'CPU s (x base)':>15}")  # fmt: skip
     for arm in arms:

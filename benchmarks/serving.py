@@ -202,15 +202,22 @@ class ReplayedEnv:
         pass
 
 
-def replay_server() -> Any:
+def replayed_env() -> Callable[..., ReplayedEnv]:
+    """A factory of ``ReplayedEnv``: one episode of the env's own outputs (reset, then ``HORIZON`` steps),
+    recorded once here, whatever arguments a server builds its envs with."""
     from rl_llm.integrations.generic import EnvFactory
-    from rl_llm.integrations.http_server import EnvServer, ServerConfig
 
     env = EnvFactory(ENV_ID, horizon=HORIZON)()
     reset = env.reset(seed=0)
     steps = [env.step(ACTION) for _ in range(HORIZON)]
+    return lambda *args, **kwargs: ReplayedEnv(reset, steps)
+
+
+def replay_server() -> Any:
+    from rl_llm.integrations.http_server import EnvServer, ServerConfig
+
     config = ServerConfig(allowed_env_ids=frozenset({ENV_ID}), max_sessions=12000)
-    return EnvServer(config, make_env=lambda env_id, kwargs: ReplayedEnv(reset, steps)).app
+    return EnvServer(config, make_env=replayed_env()).app
 
 
 def serve_openenv_replay(port: int) -> None:
@@ -218,12 +225,8 @@ def serve_openenv_replay(port: int) -> None:
     replaying one recorded episode (the ``openenv-*-replay`` rows): openenv-core's and the adapter's own
     cost per call, without the env's."""
     import rl_llm.integrations.openenv as openenv
-    from rl_llm.integrations.generic import EnvFactory
 
-    env = EnvFactory(ENV_ID, horizon=HORIZON)()
-    reset = env.reset(seed=0)
-    steps = [env.step(ACTION) for _ in range(HORIZON)]
-    openenv.make_env = lambda env_id, **kwargs: ReplayedEnv(reset, steps)  # this process only: a benchmark's
+    openenv.make_env = replayed_env()  # in this process only: a benchmark's
     openenv.main(["--env", ENV_ID, "-k", f"horizon={HORIZON}", "--port", str(port), "--max-sessions", "1100",
                   "--max-episodes", "1100"])  # fmt: skip
 
@@ -454,9 +457,10 @@ def openenv_ws_episode(url: str) -> tuple[Any, Any]:
     return setup, episode
 
 
-EPISODES = {"http": http_episode, "http-replay": http_episode, "ws": ws_episode, "ws-replay": ws_episode, "openenv-http": openenv_http_episode,
-            "openenv-ws": openenv_ws_episode, "openenv-http-replay": openenv_http_episode,
-            "openenv-ws-replay": openenv_ws_episode}  # fmt: skip
+# The per-call parts, in the order they run: each is measured against the bare app (bench_http).
+EPISODES = {"http": http_episode, "http-replay": http_episode, "ws": ws_episode, "ws-replay": ws_episode,
+            "openenv-http": openenv_http_episode, "openenv-ws": openenv_ws_episode,
+            "openenv-http-replay": openenv_http_episode, "openenv-ws-replay": openenv_ws_episode}  # fmt: skip
 
 
 def measure(url: str, clients: int, seconds: float, proto: str = "http", pid: int | None = None) -> Point:
@@ -816,8 +820,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 64, 256, 1000])
     parser.add_argument("--rounds", type=int, default=2, help="alternate bare/ours this many times per point")
     parser.add_argument("--sessions", type=int, default=10000, help="open sessions for the memory figure")
-    parts = ["http", "http-replay", "ws", "ws-replay", "openenv-http", "openenv-ws", "openenv-http-replay", "openenv-ws-replay",
-             "memory", "retriever", "terminal", "sandboxes"]  # fmt: skip
+    parts = [*EPISODES, "memory", "retriever", "terminal", "sandboxes"]
     parser.add_argument("--sandbox-sessions", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--terminal-episodes", type=int, nargs="+", default=[1, 4, 16, 64],
                         help="Terminal-v0 episodes in flight per point; the smallest is the baseline")
@@ -830,8 +833,7 @@ def main() -> None:
     if args.serve:
         return serve(args.serve, args.port)
     print(f"serving benchmark: {os.cpu_count()} CPUs, {args.seconds:g} s per point, {ENV_ID} horizon {HORIZON}")
-    for proto in ("http", "http-replay", "ws", "ws-replay", "openenv-http", "openenv-ws", "openenv-http-replay",
-                  "openenv-ws-replay"):
+    for proto in EPISODES:
         if proto in args.only:
             bench_http(args, proto)
     if "memory" in args.only:
