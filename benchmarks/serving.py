@@ -11,13 +11,14 @@ p99 <= 2x; docs/serving.md#targets). Also: the WebSocket endpoint ``/sessions/ws
 client, whole episodes over it) against a bare WebSocket route; the same servers with the env replayed from a
 recording (``http-replay``, ``ws-replay``: the server's own cost, without the env's); the OpenEnv server over
 plain HTTP and ``/ws`` (openenv-core's own client) against the bare app's OpenEnv routes driven by the same
-client, and replayed (``openenv-*-replay``); the server's RSS per open session; the retriever server's
-queries/s. The sandbox parts: whole Terminal-v0 episodes played by the oracle with N in flight
+client, and replayed (``openenv-*-replay``); each server's own cost per plain-HTTP call with its app called
+in-process as ASGI, with its fast routes and without (``asgi``); the server's RSS per open session; the
+retriever server's queries/s. The sandbox parts: whole Terminal-v0 episodes played by the oracle with N in flight
 (``terminal``: reset, step and check latency, episodes/s, where step p50 doubles against one episode alone,
 and a burst of resets against a low start cap) and bare sandbox shells (``sandboxes``).
 
     python benchmarks/serving.py [--seconds 4] [--rounds 2] [--clients 1 64 256 1000] [--only http http-replay ws ws-replay
-        openenv-http openenv-ws openenv-http-replay openenv-ws-replay memory retriever]
+        openenv-http openenv-ws openenv-http-replay openenv-ws-replay asgi memory retriever]
     python benchmarks/serving.py --only terminal [--terminal-episodes 1 4 16 64] [--terminal-burst 64]
 """
 
@@ -528,6 +529,82 @@ def bench_http(args: argparse.Namespace, proto: str) -> None:
                   f"{stats['inline_demotions']} demotions, {stats['overloaded']} refused with 503", flush=True)
 
 
+# -- the servers' own cost per call, in-process -----------------------------------------------------------
+def asgi_post(app: Any, path: str, body: bytes) -> Awaitable[None]:
+    """One ``POST`` through ``app`` called as ASGI: no network, no uvicorn, no client."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "server": ("bench", 80),
+             "client": ("bench", 1), "headers": [(b"host", b"bench"), (b"content-type", b"application/json")]}  # fmt: skip
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop() if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start" and message["status"] != 200:
+            raise RuntimeError(f"{path}: {message['status']}")
+
+    return app(scope, receive, send)
+
+
+async def asgi_episodes(app: Any, openenv: bool, seconds: float) -> float:
+    """Microseconds per call, whole episodes one after another (64 episode ids in turn) for ``seconds``."""
+    sessions = [f"e{i}" for i in range(64)]
+    if not openenv:
+        import httpx
+
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://bench") as http:
+            body = {"env_id": ENV_ID, "kwargs": {"horizon": HORIZON}, "count": 64}
+            sessions = (await http.post("/sessions", json=body)).json()["session_ids"]
+    calls, start, episode = 0, time.perf_counter(), 0
+    while not calls or time.perf_counter() - start < seconds:  # at least one whole episode
+        sid = sessions[episode % 64]
+        if openenv:
+            await asgi_post(app, "/reset", json.dumps({"seed": 0, "episode_id": sid}).encode())
+            step = json.dumps({"action": {"message": ACTION}, "episode_id": sid}).encode()
+            for _ in range(HORIZON):
+                await asgi_post(app, "/step", step)
+        else:
+            await asgi_post(app, f"/sessions/{sid}/reset", b'{"seed": 0}')
+            for _ in range(HORIZON):
+                await asgi_post(app, f"/sessions/{sid}/step", json.dumps({"action": ACTION}).encode())
+        calls, episode = calls + HORIZON + 1, episode + 1
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def bench_asgi(args: argparse.Namespace) -> None:
+    """The servers' own cost per plain-HTTP call, each app called in this process as ASGI (no network,
+    uvicorn or client): the bare app against the env server and the OpenEnv server, with the env and
+    replayed, with their fast routes and without (docs/serving.md#fast-routes)."""
+    import rl_llm.integrations.openenv as openenv
+    from rl_llm.integrations.http_server import EnvServer, ServerConfig
+
+    def env_server(fast: bool, replay: bool) -> Any:
+        config = ServerConfig(allowed_env_ids=frozenset({ENV_ID}), max_sessions=12000, fast_routes=fast)
+        return EnvServer(config, make_env=replayed_env() if replay else None).app
+
+    def openenv_server(fast: bool, replay: bool) -> Any:
+        openenv.make_env = replayed_env() if replay else built  # the adapter builds every env through it
+        return openenv.create_openenv_app(ENV_ID, {"horizon": HORIZON}, 1100, 1100, fast_path=fast)
+
+    print("| app (in-process ASGI, plain HTTP) | us per call, ours / bare | ratio of times |\n|---|---|---|", flush=True)
+    bare, built = bare_app(), openenv.make_env
+    for label, build, is_openenv in (("env server", env_server, False), ("OpenEnv server", openenv_server, True)):
+        for fast in (True, False):
+            for replay in (False, True):
+                try:
+                    app, per_call = build(fast, replay), {}
+                    for name, target in (("bare", bare), ("ours", app)):
+                        per_call[name] = min(asyncio.run(asgi_episodes(target, is_openenv, args.seconds / 2 / args.rounds))
+                                             for _ in range(args.rounds))  # fmt: skip
+                finally:
+                    openenv.make_env = built
+                what = f"{label}, {'fast routes' if fast else 'FastAPI routes only'}{', env replayed' if replay else ''}"
+                print(f"| {what} | {per_call['ours']:.0f} / {per_call['bare']:.0f} | "
+                      f"{per_call['ours'] / per_call['bare']:.2f}x |", flush=True)  # fmt: skip
+
+
 def bench_memory(args: argparse.Namespace) -> None:
     import httpx
 
@@ -820,7 +897,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 64, 256, 1000])
     parser.add_argument("--rounds", type=int, default=2, help="alternate bare/ours this many times per point")
     parser.add_argument("--sessions", type=int, default=10000, help="open sessions for the memory figure")
-    parts = [*EPISODES, "memory", "retriever", "terminal", "sandboxes"]
+    parts = [*EPISODES, "asgi", "memory", "retriever", "terminal", "sandboxes"]
     parser.add_argument("--sandbox-sessions", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--terminal-episodes", type=int, nargs="+", default=[1, 4, 16, 64],
                         help="Terminal-v0 episodes in flight per point; the smallest is the baseline")
@@ -836,6 +913,8 @@ def main() -> None:
     for proto in EPISODES:
         if proto in args.only:
             bench_http(args, proto)
+    if "asgi" in args.only:
+        bench_asgi(args)
     if "memory" in args.only:
         bench_memory(args)
     if "retriever" in args.only:

@@ -6,6 +6,7 @@ strings, so registering imports nothing heavy.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,6 +132,30 @@ def registered_id(env_id: str) -> str:
     return name
 
 
+def constructor_options(creator: Any) -> tuple[str, ...] | None:
+    """The keyword options ``creator`` takes, or None when it takes ``**kwargs`` or its signature cannot be read.
+    Cached per constructor: reading a signature costs more than building a cheap env (docs/serving.md#measurements)."""
+    try:
+        return _cached_options(creator)
+    except TypeError:  # an unhashable callable: read it every time
+        return _read_options(creator)
+
+
+def _read_options(creator: Any) -> tuple[str, ...] | None:
+    import inspect
+
+    try:
+        parameters = inspect.signature(creator).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return None
+    return tuple(name for name, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL)
+
+
+_cached_options = functools.lru_cache(maxsize=256)(_read_options)
+
+
 def check_env_kwargs(env_id: str, kwargs: dict[str, Any], also_takes: tuple[str, ...] = ()) -> None:
     """Raise ``ValueError`` naming the env's options when ``kwargs`` holds a name its constructor does not take
     (read from the signature: nothing is built). ``env_id`` is a registered id, Gymnasium's ``module:id`` form,
@@ -138,8 +163,6 @@ def check_env_kwargs(env_id: str, kwargs: dict[str, Any], also_takes: tuple[str,
     (a served game seat's ``opponent``). A constructor that takes ``**kwargs``, or whose signature cannot be
     read, passes: the env itself says what is wrong there. Without this, a misspelt option is a TypeError deep
     in a rollout, or a server's traceback."""
-    import inspect
-
     from gymnasium.envs.registration import load_env_creator
 
     if env_id.startswith("social/"):
@@ -149,13 +172,10 @@ def check_env_kwargs(env_id: str, kwargs: dict[str, Any], also_takes: tuple[str,
     else:
         entry = gym.spec(registered_id(env_id)).entry_point
         creator = load_env_creator(entry) if isinstance(entry, str) else entry
-    try:
-        parameters = inspect.signature(creator).parameters
-    except (TypeError, ValueError):
+    options = constructor_options(creator)
+    if options is None:
         return
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return
-    names = [*also_takes, *(name for name, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL)]
+    names = [*also_takes, *options]
     unknown = [key for key in kwargs if key not in names]
     if unknown:
         raise ValueError(f"{env_id} takes no option {', '.join(map(repr, unknown))}; its options are "

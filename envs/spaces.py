@@ -7,6 +7,7 @@ sampling stays reproducible from a printable charset so ``check_env`` can step w
 
 from __future__ import annotations
 
+import functools
 import string
 from typing import Any
 
@@ -17,11 +18,37 @@ from gymnasium.spaces import Text
 SAMPLE_CHARSET = string.ascii_letters + string.digits + string.punctuation + " \n" + "éßλ中"
 
 
+_ONE_CHAR = "a"
+
+
+@functools.cache
+def _sample_charset_tables() -> dict[str, Any]:
+    """The attributes ``Text`` derives from its charset, for ``SAMPLE_CHARSET``: those in which a space built
+    with it differs from one built with ``_ONE_CHAR`` (found by comparing the two, so no private name of
+    Gymnasium's is spelt here)."""
+    full, small = Text(1, charset=SAMPLE_CHARSET).__dict__, Text(1, charset=_ONE_CHAR).__dict__
+    tables = {name: value for name, value in full.items() if name not in small or not _same(small[name], value)}
+    if not tables:
+        raise RuntimeError("Gymnasium's Text no longer keeps its charset in attributes; UnicodeText needs updating")
+    return tables
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):  # e.g. arrays
+        return a is b
+
+
 class UnicodeText(Text):
     """Any Unicode string of ``min_length`` to ``max_length`` characters."""
 
     def __init__(self, max_length: int = 65536, *, min_length: int = 0, seed: Any = None) -> None:
-        super().__init__(max_length, min_length=min_length, charset=SAMPLE_CHARSET, seed=seed)
+        # Text's own checks and seeding, with a one-character charset; then the sampling charset's lookup
+        # tables, built once per process: Text builds them per instance, which was most of the cost of
+        # making a cheap env (two spaces per env; docs/serving.md#measurements).
+        super().__init__(max_length, min_length=min_length, charset=_ONE_CHAR, seed=seed)
+        self.__dict__.update(_sample_charset_tables())
 
     def contains(self, x: Any) -> bool:
         return isinstance(x, str) and self.min_length <= len(x) <= self.max_length

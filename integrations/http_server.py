@@ -19,8 +19,9 @@ Endpoints (JSON):
 ==========================  ========================================================================
 
 Cheap env calls run inline on the event loop once they have proved cheap, with a watchdog; slow ones stay on
-the pool (``inline_calls.py``, docs/serving.md#inline-calls). Session ids start with the server's instance id,
-so a client whose server restarted gets a 404 naming the lost session (docs/serving.md#faults).
+the pool (``inline_calls.py``, docs/serving.md#inline-calls); well-formed resets and steps skip FastAPI's
+routing (``fast_routes.py``, the same replies). Session ids start with the server's instance id, so a client
+whose server restarted gets a 404 naming the lost session (docs/serving.md#faults).
 
 Errors are ``{"detail": ...}`` with 400 (bad env id, kwargs or options), 404 (unknown or closed session),
 409 (session busy, or stepping an ended episode), 422 (malformed body), 429 (``max_sessions`` reached) or
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import re
 import threading
 import time
 import uuid
@@ -51,6 +53,7 @@ from pydantic_core import to_json
 
 from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.envs.registration import env_ids
+from rl_llm.integrations.fast_routes import FastRoute, FastRoutes
 from rl_llm.integrations.generic import EnvFactory, action_from, jsonable, step_info
 from rl_llm.integrations.inline_calls import InlinePolicy, timed
 from rl_llm.integrations.ws_sessions import serve_session
@@ -132,6 +135,8 @@ class ServerConfig:
     max_queued: int = 1024
     # Cheap env calls run inline on the event loop (docs/serving.md#inline-calls); 0 keeps every call on the pool.
     inline_budget_s: float = 0.001
+    # Reset and step answered ahead of FastAPI's routing, the same replies (docs/serving.md#fast-routes).
+    fast_routes: bool = True
 
 
 @dataclass
@@ -446,7 +451,23 @@ class EnvServer:
             calls = [self.step(item.session_id, item) for item in request.items]
             return _json({"results": await _gather_items(calls)})
 
+        if self.config.fast_routes:
+            app.add_middleware(FastRoutes, routes=self._fast_routes())
         return app
+
+    def _fast_routes(self) -> list[FastRoute]:
+        """The reset and step routes above, answered ahead of FastAPI's routing (docs/serving.md#fast-routes)."""
+
+        def route(verb: str, model: type[BaseModel], handler: Callable[[str, Any], Any]) -> FastRoute:
+            async def answer(arguments: tuple[str, Any]) -> bytes:
+                return to_json(await handler(*arguments), inf_nan_mode="null")
+
+            return FastRoute(
+                re.compile(f"/sessions/(?P<session_id>[^/]+)/{verb}"),
+                lambda body, match: (match["session_id"], model.model_validate(body)), answer,
+            )  # fmt: skip
+
+        return [route("reset", ResetRequest, self.reset), route("step", StepRequest, self.step)]
 
 
 def _json(content: dict[str, Any]) -> Any:

@@ -80,3 +80,16 @@ def test_a_point_says_which_side_bounds_it(serving: ModuleType) -> None:
     assert (round(point.cpu_us), round(point.client_cpu_us), point.bound) == (50, 30, "server")
     point.add(serving.Point(calls=1000, seconds=1.0, latencies=[], errors=0, server_cpu_s=0.01, client_cpu_s=0.09))
     assert (round(point.cpu_us), round(point.client_cpu_us), point.bound) == (30, 60, "client")
+
+
+def test_the_in_process_calls_play_real_episodes_and_fail_loudly_on_an_error(serving: ModuleType) -> None:
+    import asyncio
+
+    from rl_llm.integrations.http_server import EnvServer, ServerConfig
+
+    server = EnvServer(ServerConfig(allowed_env_ids=frozenset({serving.ENV_ID})))
+    assert asyncio.run(serving.asgi_episodes(server.app, False, 0.0)) > 0  # one whole episode, every call a 200
+    assert server.snapshot()["live_sessions"] == 64 and server.stats.inline_calls + server.stats.pool_calls == 11
+    with pytest.raises(RuntimeError, match="404"):  # a failed call is not timed as a fast one
+        asyncio.run(serving.asgi_post(server.app, "/sessions/nope/step", b'{"action": "x"}'))
+    server.shutdown()

@@ -94,3 +94,19 @@ def test_an_option_the_env_does_not_take_is_one_clear_error(env_id: str) -> None
 
     with pytest.raises(ValueError, match=rf"^{env_id} takes no option 'no_such_option'; its options are \w"):
         EnvFactory(env_id, no_such_option=1)()
+
+
+def test_constructor_options_are_read_once_and_unhashable_constructors_still_read() -> None:
+    from rl_llm.envs.registration import _cached_options, constructor_options
+
+    class Maker:  # a callable with __eq__ and no __hash__: cannot be a cache key
+        __hash__ = None  # type: ignore[assignment]
+
+        def __call__(self, *, size: int = 3, colour: str = "red") -> None: ...
+
+    def flexible(a: int, **rest: object) -> None: ...
+
+    assert constructor_options(Maker()) == ("size", "colour")
+    assert constructor_options(flexible) is None  # takes **kwargs: any option passes to the env itself
+    before = _cached_options.cache_info().hits
+    assert constructor_options(flexible) is None and _cached_options.cache_info().hits == before + 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from rl_llm.envs.spaces import UnicodeText
@@ -20,3 +21,21 @@ def test_samples_are_members_and_reproducible(min_length: int, max_length: int) 
     assert all(space.contains(sample) for sample in samples)
     again = UnicodeText(max_length, min_length=min_length, seed=3)
     assert samples == [again.sample() for _ in range(20)]
+
+
+def test_samples_draw_from_the_whole_charset_as_gymnasiums_text_would() -> None:
+    """The charset tables are built once per process and shared; a space must still sample (and index) exactly
+    as Gymnasium's ``Text`` built with the same charset, and each space keeps its own generator."""
+    from gymnasium.spaces import Text
+
+    from rl_llm.envs.spaces import SAMPLE_CHARSET
+
+    ours, theirs = UnicodeText(300, seed=5), Text(300, min_length=0, charset=SAMPLE_CHARSET, seed=5)
+    assert ours.character_list == theirs.character_list and ours.character_set == theirs.character_set
+    assert all(ours.character_index(c) == theirs.character_index(c) for c in SAMPLE_CHARSET)
+    drawn = "".join(ours.sample() for _ in range(100))
+    assert set(drawn) == set(SAMPLE_CHARSET)  # every character reachable, not just a one-character stand-in
+    only_e = (np.arange(len(SAMPLE_CHARSET)) == theirs.character_list.index("é")).astype(np.int8)
+    assert set(UnicodeText(5, min_length=5, seed=1).sample(mask=(None, only_e))) == {"é"}  # Text's masked sampling
+    five, six = UnicodeText(300, seed=5), UnicodeText(300, seed=6)
+    assert [five.sample() for _ in range(3)] != [six.sample() for _ in range(3)]  # generators are not shared

@@ -321,3 +321,58 @@ def test_shutdown_closes_every_live_session() -> None:
         env = client.make(BANDIT)
         env.reset(seed=1)
     assert ledger.all_closed_once() and len(ledger.built) == 4
+
+
+def test_fast_routes_answer_exactly_as_the_fastapi_routes() -> None:
+    """Every request below gets the same status, headers that matter and JSON body from the server with its
+    reset/step fast routes as from FastAPI's routes alone: whole seeded episodes, the env's own errors, and
+    the requests the fast routes leave to FastAPI (its 422s)."""
+    from fastapi.testclient import TestClient
+
+    requests: list[tuple[str, Any]] = [
+        ("bandit/reset", {"seed": 3}),
+        *[("bandit/step", {"action": f"<action>{arm}</action>"}) for arm in "ABBA"],
+        ("bandit/step", {"action": "no arm here é中"}),  # an invalid action: a penalty, not an error
+        ("bandit/step", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<action>B</action>"}]}),
+        ("bandit/reset", {"seed": 4, "options": {"means": [0.1, 0.9]}}),  # the env refuses the option: 400
+        ("bandit/reset", {"seed": 4}),
+        ("hang/reset", {}),
+        ("hang/step", {"action": "gym-says-no"}),  # 400, the episode goes on
+        ("hang/step", {"action": "hello"}),
+        ("hang/step", {"action": "boom"}),  # 500, the session is closed
+        ("hang/step", {"action": "hello"}),  # 404 naming the closed session
+        ("fresh/step", {"action": "x"}),  # no episode yet: 409
+        ("unknown-id/reset", {}),
+        # Left to FastAPI: its validation errors.
+        ("fresh/reset", {"seed": -1}),
+        ("fresh/reset", {"seed": "three", "surprise": 1}),
+        ("fresh/step", {}),
+        ("fresh/step", {"action": 7}),
+        ("fresh/step", {"messages": [{"role": "user", "content": "hi"}]}),  # 422 from the handler
+        ("fresh/step", [1]),
+        ("fresh/reset", b"{not json"),
+        ("fresh/reset", b""),
+    ]
+    replies = []
+    for fast_routes in (True, False):
+        ledger = EnvLedger()
+        config = ServerConfig(allowed_env_ids=frozenset({BANDIT, HANG}), fast_routes=fast_routes)
+        server = EnvServer(config, make_env=ledger.make)
+        with TestClient(server.app, raise_server_exceptions=False) as http:
+            ids = {
+                name: http.post("/sessions", json={"env_id": env_id, "kwargs": kwargs}).json()["session_ids"][0]
+                for name, env_id, kwargs in (("bandit", BANDIT, {"horizon": 5}), ("hang", HANG, {}), ("fresh", BANDIT, {}))
+            } | {"unknown-id": "unknown-id"}
+            got = []
+            for target, body in requests:
+                name, verb = target.split("/")
+                path = f"/sessions/{ids[name]}/{verb}"
+                content = body if isinstance(body, bytes) else json.dumps(body).encode()
+                reply = http.post(path, content=content, headers={"content-type": "application/json"})
+                text = reply.text.replace(ids[name], "<session>").replace(server.instance_id, "<instance>")
+                got.append((reply.status_code, reply.headers["content-type"], reply.headers.get("retry-after"), json.loads(text)))
+            ledger.release.set()
+            replies.append(got)
+    for sent, fast, fastapi in zip(requests, *replies, strict=True):
+        assert fast == fastapi, sent
+    assert {200, 400, 404, 409, 422, 500} <= {status for status, *_ in replies[0]}

@@ -4,6 +4,7 @@ unmodified ``GenericEnvClient`` (WebSocket sessions, from http:// and ws:// base
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -245,3 +246,69 @@ def test_a_client_that_hangs_up_ends_its_session_without_an_error_log() -> None:
     finally:
         uvicorn_errors.removeHandler(handler)
     assert [record.getMessage() for record in errors] == []
+
+
+def differential_requests() -> list[tuple[str, Any]]:
+    """(path, body) pairs covering every reply the plain-HTTP routes give: whole episodes, the env's own
+    errors, and the requests the fast path leaves to openenv-core (raw bytes are sent as they are)."""
+    steps = [("/step", {"action": {"message": f"<move>{move}</move>"}, "episode_id": "ep"})
+             for move in ("A1", "B2", "A2", "C3", "A3", "C1", "B1", "C2", "B3")]  # fmt: skip
+    return [
+        ("/reset", {"seed": 5, "episode_id": "ep", "extra": [1, "x"]}),  # extra fields are allowed
+        *steps[:2],
+        ("/step", {"action": {"message": "no move in here é中"}, "episode_id": "ep", "timeout_s": 3.0}),  # invalid action
+        *steps[2:],
+        ("/step", {"action": {"message": "<move>A1</move>"}, "episode_id": "ep"}),  # the episode has ended: 409
+        ("/reset", {"seed": 6}),  # no episode_id: a fresh env per request
+        ("/step", {"action": {"message": "<move>A1</move>"}}),  # no episode: 409
+        ("/step", {"action": {"message": "<move>A1</move>"}, "episode_id": "never"}),  # 404
+        ("/reset", {"options": "not a dict"}),  # 400 from the env
+        ("/reset", {"seed": 1, "options": {"task_index": "x"}}),  # the env rejects the option: 400
+        ("/step", {"action": {"message": "<move>A1</move>", "opponent_message": "x"}, "episode_id": "ep"}),  # 400
+        # Left to openenv-core's routes: its own validation errors (422) and defaults.
+        ("/reset", {"seed": -1}),
+        ("/reset", {"episode_id": "x" * 300}),
+        ("/reset", [1, 2]),
+        ("/reset", b"{not json"),
+        ("/step", {"action": {"text": "B2"}}),
+        ("/step", {"action": {"message": 5}}),
+        ("/step", {"action": "B2"}),
+        ("/step", {"action": {"message": "<move>A1</move>"}, "timeout_s": -1}),
+        ("/step", {}),
+    ]
+
+
+def test_fast_path_answers_exactly_as_openenv_core_routes() -> None:
+    """Every request of ``differential_requests`` gets the same status, content type and JSON body from the
+    app with the plain-HTTP fast path as from openenv-core's own routes (the same seeded episodes)."""
+    from fastapi.testclient import TestClient
+
+    replies = []
+    for fast_path in (True, False):
+        app = create_openenv_app(TTT, {"opponent": "minimax"}, max_sessions=4, fast_path=fast_path)
+        with TestClient(app, raise_server_exceptions=False) as client:
+            got = []
+            for path, body in differential_requests():
+                if isinstance(body, bytes):
+                    reply = client.post(path, content=body, headers={"content-type": "application/json"})
+                else:
+                    reply = client.post(path, json=body)
+                got.append((path, reply.status_code, reply.headers["content-type"], reply.json()))
+            replies.append(got)
+    fast, core = replies
+    for sent, one, other in zip(differential_requests(), fast, core, strict=True):
+        assert one == other, sent
+    statuses = [status for _, status, _, _ in fast]
+    assert statuses.count(200) >= 5 and {400, 404, 409, 422} <= set(statuses)  # the table covers every kind
+
+
+def test_fast_path_leaves_other_content_types_and_routes_to_openenv_core() -> None:
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_openenv_app(TTT, max_sessions=2)) as client:
+        # A form body is not JSON: openenv-core's route answers (FastAPI's 422 for the missing body).
+        form = client.post("/step", content=b"action=B2", headers={"content-type": "application/x-www-form-urlencoded"})
+        assert form.status_code == 422 and form.json()["detail"][0]["loc"][0] == "body"
+        assert client.get("/reset").status_code == 405  # only POST is a reset
+        assert client.post("/reset").json()["observation"]["text"]  # no body: openenv-core's default request
+        assert client.get("/health").status_code == 200

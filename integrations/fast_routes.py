@@ -1,0 +1,136 @@
+"""The env servers' hottest routes, answered ahead of FastAPI's routing.
+
+For a cheap env, FastAPI's per-request machinery (routing, dependency solving, body validation through its
+dependency system, response encoding) costs more than the env: on the 2-core machine it held the servers to
+0.5x-0.85x of a bare FastAPI app that answers without any env (docs/serving.md#fast-routes). ``FastRoutes``
+is ASGI middleware that answers the few routes every episode calls (reset and step) itself, and nothing else:
+
+- it takes only a well-formed request: ``POST`` to a path one of its routes matches, a JSON object body that
+  the route's own request models accept (``FastRoute.parse``, pydantic, the same models the FastAPI route
+  declares);
+- anything else (another route or method, a body that is not a JSON object, one the models refuse, a
+  ``root_path`` mount) goes on to the FastAPI app untouched, with the body it sent, so every validation
+  error is FastAPI's own reply;
+- an ``HTTPException`` from the handler is answered as FastAPI's handler answers it (``{"detail": ...}``,
+  its status and headers); any other exception propagates as it would from the route (a 500).
+
+Each server tests that both paths give the same replies to the same requests (tests/integrations/).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import HTTPException
+from pydantic import ValidationError
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class FastRoute:
+    """``POST`` to a path ``pattern`` matches in full: ``parse(body, match)`` turns the JSON object into the
+    handler's arguments (raising ``ValidationError`` or ``ValueError``, or returning None, to leave the request
+    to FastAPI), ``answer(arguments)`` returns the reply's JSON bytes."""
+
+    pattern: re.Pattern[str]
+    parse: Callable[[dict[str, Any], re.Match[str]], Any]
+    answer: Callable[[Any], Awaitable[bytes]]
+
+
+class FastRoutes:
+    """ASGI middleware: requests one of ``routes`` takes are answered here, the rest by ``app``."""
+
+    def __init__(self, app: Any, routes: list[FastRoute]) -> None:
+        self.app, self.routes = app, routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        found = self._route(scope)
+        if found is None:
+            await self.app(scope, receive, send)
+            return
+        route, match = found
+        body = await read_body(receive)
+        if body is None:  # the client left before sending its request
+            return
+        arguments = parse(route, match, body) if is_json(scope) else None
+        if arguments is None:
+            await self.app(scope, replay(body, receive), send)
+            return
+        try:
+            reply = await route.answer(arguments)
+        except HTTPException as error:  # as FastAPI's own handler answers it
+            await send_json(send, error.status_code, {"detail": error.detail}, error.headers)
+            return
+        await send_bytes(send, 200, reply)
+
+    def _route(self, scope: Scope) -> tuple[FastRoute, re.Match[str]] | None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+            return None
+        for route in self.routes:
+            match = route.pattern.fullmatch(scope["path"])
+            if match is not None:
+                return route, match
+        return None
+
+
+def parse(route: FastRoute, match: re.Match[str], body: bytes) -> Any:
+    """The route's arguments, or None when FastAPI should answer (a body that is not a JSON object, or one
+    the route's models refuse)."""
+    try:
+        data = json.loads(body) if body else None
+        return route.parse(data, match) if isinstance(data, dict) else None
+    except (ValueError, ValidationError):  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None
+
+
+async def read_body(receive: Receive) -> bytes | None:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the already-read body to the next app, then listens on for a disconnect."""
+    sent = False
+
+    async def again() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return again
+
+
+def is_json(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            return value.split(b";", 1)[0].strip().lower() == b"application/json"
+    return False
+
+
+async def send_json(send: Send, status: int, content: Any, headers: dict[str, str] | None = None) -> None:
+    # Starlette's JSONResponse encoding, which FastAPI's HTTPException handler replies with.
+    body = json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
+    await send_bytes(send, status, body, headers)
+
+
+async def send_bytes(send: Send, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+    raw = [(b"content-length", str(len(body)).encode()), (b"content-type", b"application/json")]
+    raw += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
