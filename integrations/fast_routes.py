@@ -20,13 +20,13 @@ Each server tests that both paths give the same replies to the same requests (te
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import HTTPException
-from pydantic import ValidationError
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -82,12 +82,13 @@ class FastRoutes:
 
 
 def parse(route: FastRoute, match: re.Match[str], body: bytes) -> Any:
-    """The route's arguments, or None when FastAPI should answer (a body that is not a JSON object, or one
-    the route's models refuse)."""
+    """The route's arguments, or None when FastAPI should answer: a body that is not a JSON object, one the
+    route's models refuse, or one that fails to parse in any other way (JSON nested too deep for the parser
+    is a RecursionError, which FastAPI answers with a 400)."""
     try:
         data = json.loads(body) if body else None
         return route.parse(data, match) if isinstance(data, dict) else None
-    except (ValueError, ValidationError):  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except Exception:  # whatever it is, FastAPI's own path decides the reply
         return None
 
 
@@ -125,6 +126,7 @@ def is_json(scope: Scope) -> bool:
 
 async def send_json(send: Send, status: int, content: Any, headers: dict[str, str] | None = None) -> None:
     # Starlette's JSONResponse encoding, which FastAPI's HTTPException handler replies with.
+    content = strict_json(content)  # as answer_validation_errors_safely's handlers do
     body = json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
     await send_bytes(send, status, body, headers)
 
@@ -134,3 +136,54 @@ async def send_bytes(send: Send, status: int, body: bytes, headers: dict[str, st
     raw += [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
+
+
+# -- 422 replies that strict JSON can carry ------------------------------------------------------------------
+def answer_validation_errors_safely(app: Any) -> None:
+    """FastAPI's 422 reply quotes the offending input (and openenv-core's action errors put pydantic's errors in
+    an HTTPException's detail); when that input is NaN or an infinity (which Python's JSON parser accepts) or a
+    string with a lone surrogate (``"\\ud800"``), the encoder raised and the client got a bare 500 with a
+    traceback in the server's log. These handlers answer as FastAPI's own do, with those values replaced by
+    what strict UTF-8 JSON can carry (null; U+FFFD)."""
+    from fastapi.encoders import jsonable_encoder
+    from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    async def validation_error(request: Any, error: RequestValidationError) -> Any:
+        safe = RequestValidationError(strict_json(jsonable_encoder(error.errors())))
+        return await request_validation_exception_handler(request, safe)
+
+    async def http_error(request: Any, error: StarletteHTTPException) -> Any:
+        safe = StarletteHTTPException(error.status_code, strict_json(jsonable_encoder(error.detail)), error.headers)
+        return await http_exception_handler(request, safe)
+
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` (already JSON-shaped) with NaN and infinities as None and lone surrogates as U+FFFD."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {strict_json(key): strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(item) for item in value]
+    return without_lone_surrogates(value)
+
+
+def without_lone_surrogates(value: Any) -> Any:
+    """``value`` (JSON-shaped) with every string's lone surrogates (valid in a JSON escape, ``"\\ud800"``, but not
+    in UTF-8) replaced by U+FFFD; everything else as it is."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return value
+    if isinstance(value, dict):
+        return {without_lone_surrogates(key): without_lone_surrogates(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [without_lone_surrogates(item) for item in value]
+    return value

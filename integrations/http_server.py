@@ -53,7 +53,7 @@ from pydantic_core import to_json
 
 from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.envs.registration import env_ids
-from rl_llm.integrations.fast_routes import FastRoute, FastRoutes
+from rl_llm.integrations.fast_routes import FastRoute, FastRoutes, answer_validation_errors_safely
 from rl_llm.integrations.generic import EnvFactory, action_from, jsonable, step_info
 from rl_llm.integrations.inline_calls import InlinePolicy, timed
 from rl_llm.integrations.ws_sessions import serve_session
@@ -453,6 +453,7 @@ class EnvServer:
 
         if self.config.fast_routes:
             app.add_middleware(FastRoutes, routes=self._fast_routes())
+        answer_validation_errors_safely(app)
         return app
 
     def _fast_routes(self) -> list[FastRoute]:

@@ -42,6 +42,7 @@ import argparse
 import asyncio
 import contextlib
 import inspect
+import json
 import re
 import threading
 import time
@@ -57,7 +58,12 @@ from openenv.core.env_server.types import Action, EnvironmentMetadata, Observati
 from pydantic import Field
 
 from rl_llm.envs.base import MAX_TEXT_LENGTH
-from rl_llm.integrations.fast_routes import FastRoute, FastRoutes
+from rl_llm.integrations.fast_routes import (
+    FastRoute,
+    FastRoutes,
+    answer_validation_errors_safely,
+    without_lone_surrogates,
+)
 from rl_llm.integrations.generic import jsonable, parse_kwarg_pairs, step_info
 from rl_llm.integrations.inline_calls import InlinePolicy, timed
 from rl_llm.integrations.social_seat import SocialSeat, make_env
@@ -329,9 +335,10 @@ def create_openenv_app(env_id: str, env_kwargs: dict[str, Any] | None = None, ma
     factory = environment_factory(env_id, env_kwargs, store)
     app = create_app(factory, RLLMAction, RLLMObservation, env_name=env_id, max_concurrent_envs=max_sessions)
     app.router.on_shutdown.append(store.close)
-    app.add_middleware(ClientLeftQuietly)
+    app.add_middleware(WebSocketGuard)
     if fast_path:
         app.add_middleware(FastRoutes, routes=plain_http_routes(factory))
+    answer_validation_errors_safely(app)
     return app
 
 
@@ -368,15 +375,25 @@ def plain_http_routes(factory: Callable[[], RLLMEnvironment]) -> list[FastRoute]
     ]  # fmt: skip
 
 
-class ClientLeftQuietly:
-    """ASGI middleware: a WebSocket session whose client has gone ends without an error log.
+class WebSocketGuard:
+    """ASGI middleware around openenv-core's ``/ws``: what clients do there that used to cost a session or a
+    traceback, each now answered the way openenv-core answers ordinary cases.
 
-    openenv-core's ``/ws`` handler closes the socket once a session ends; when the client has already closed it
-    (every client that says goodbye and hangs up, and every one that drops), that close raises Starlette's
-    ``WebSocketDisconnect``, which reached uvicorn as "Exception in ASGI application" with a traceback, for each
-    session: log noise, and with 1,000 clients ending at once, CPU taken from the live ones
-    (docs/serving.md#measurements). A disconnect is how a session ends, not an error, so it stops here.
-    """
+    - A client that has gone: openenv-core's handler closes the socket once a session ends; when the client had
+      already closed it (every client that says goodbye and hangs up, and every one that drops), that close
+      raised Starlette's ``WebSocketDisconnect``, which reached uvicorn as "Exception in ASGI application" with a
+      traceback per session: log noise, and with 1,000 clients ending at once, CPU taken from the live ones
+      (docs/serving.md#measurements). A disconnect is how a session ends, not an error, so it stops here.
+    - JSON nested deeper than Python's recursion limit: ``json.loads`` raises RecursionError, not the
+      JSONDecodeError openenv-core answers as ``INVALID_JSON``, and the session ended, its env and episode
+      lost. Such a message is passed on as invalid JSON.
+    - A lone surrogate escape (``"\\ud800"``): pydantic refuses the string, openenv-core's error reply quoting it
+      could not be encoded as UTF-8, and the session ended. Such strings are passed on with U+FFFD in its place.
+
+    Only a message with many brackets, or with a ``\\ud`` escape, is parsed here first (otherwise two
+    ``str.count`` and two ``in`` checks per message)."""
+
+    WORTH_CHECKING = 256  # opening brackets; Python's JSON parser fails somewhere near 1,000 levels
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -387,9 +404,30 @@ class ClientLeftQuietly:
             return
         from starlette.websockets import WebSocketDisconnect
 
-        with contextlib.suppress(WebSocketDisconnect):
-            await self.app(scope, receive, send)
+        async def checked() -> Any:
+            message = await receive()
+            text = message.get("text")
+            if text is not None:
+                guarded = self.guard(text)
+                if guarded is not text:
+                    message = {**message, "text": guarded}
+            return message
 
+        with contextlib.suppress(WebSocketDisconnect):
+            await self.app(scope, checked, send)
+
+    def guard(self, text: str) -> str:
+        deep = text.count("[") + text.count("{") > self.WORTH_CHECKING
+        if not deep and "\\ud" not in text and "\\uD" not in text:
+            return text
+        try:
+            data = json.loads(text)
+        except RecursionError:
+            return "nested too deeply"  # invalid JSON: openenv-core answers INVALID_JSON
+        except ValueError:
+            return text  # openenv-core's own INVALID_JSON
+        safe = without_lone_surrogates(data)
+        return text if safe == data else json.dumps(safe)
 
 def parse_kwargs(pairs: list[str]) -> dict[str, Any]:
     """``["opponent=minimax", "max_turns=5"]`` -> ``{"opponent": "minimax", "max_turns": 5}`` (values as JSON

@@ -81,6 +81,8 @@ async def serve_session(server: EnvServer, socket: WebSocket) -> None:
                 reply = {"error": {"status": 422, "detail": _short(error)}}
             except ValueError as error:  # not JSON
                 reply = {"error": {"status": 422, "detail": f"not a JSON message: {error}"}}
+            except RecursionError:  # json.loads on nesting deeper than Python's recursion limit
+                reply = {"error": {"status": 422, "detail": "not a JSON message: nested too deeply"}}
             await send({"type": "websocket.send", "text": _encode(reply)})
     except WebSocketDisconnect:
         pass

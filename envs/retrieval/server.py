@@ -137,6 +137,9 @@ class _Handler(BaseHTTPRequestHandler):
         except (ValueError, UnicodeDecodeError) as exc:
             self._send(400, {"error": str(exc)})
             return
+        except RecursionError:  # json.loads on nesting past Python's recursion limit
+            self._send(400, {"error": "the body is JSON nested too deeply"})
+            return
         try:
             rows = self.server.batcher.submit(queries, k)
         except Exception as exc:

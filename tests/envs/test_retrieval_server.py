@@ -81,6 +81,8 @@ def test_bad_requests_get_clear_errors(server) -> None:
         assert bad_k.status_code == 400 and "topk" in bad_k.json()["error"]
         not_json = http.post(server.url + "/retrieve", content=b"{oops")
         assert not_json.status_code == 400
+        too_deep = http.post(server.url + "/retrieve", content=b"[" * 100_000)  # dropped the connection before
+        assert too_deep.status_code == 400 and "nested too deeply" in too_deep.json()["error"]
         assert http.get(server.url + "/nowhere").status_code == 404
         plain = http.post(server.url + "/retrieve", json={"queries": [bundled_kb().passages[0].title], "topk": 1,
                                                             "return_scores": False})  # fmt: skip

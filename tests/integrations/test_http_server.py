@@ -188,6 +188,11 @@ def test_batched_reset_and_step_report_errors_per_item() -> None:
         ("POST", "/sessions/{sid}/step", {}, 422, "exactly one"),
         ("POST", "/sessions/{sid}/step", {"action": 7}, 422, "action"),
         ("POST", "/sessions/{sid}/step", {"messages": [{"role": "user", "content": "hi"}]}, 422, "assistant"),
+        # Hostile JSON that FastAPI's own 422 reply could not encode (a bare 500 before), or could not parse.
+        ("POST", "/sessions/{sid}/reset", b'{"seed": NaN}', 422, "seed"),
+        ("POST", "/sessions/{sid}/reset", b'{"seed": 1e400}', 422, "seed"),
+        ("POST", "/sessions/{sid}/step", b'{"action": "\\ud800"}', 422, "unicode"),
+        ("POST", "/sessions/{sid}/reset", b"[" * 100_000 + b"]" * 100_000, 400, "error parsing the body"),
         ("POST", "/sessions/unknown-id/reset", {}, 404, "unknown session"),
         ("POST", "/sessions/unknown-id/step", {"action": "x"}, 404, "unknown session"),
         ("DELETE", "/sessions/unknown-id", None, 404, "unknown session"),

@@ -3,6 +3,7 @@ unmodified ``GenericEnvClient`` (WebSocket sessions, from http:// and ws:// base
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -312,3 +313,29 @@ def test_fast_path_leaves_other_content_types_and_routes_to_openenv_core() -> No
         assert client.get("/reset").status_code == 405  # only POST is a reset
         assert client.post("/reset").json()["observation"]["text"]  # no body: openenv-core's default request
         assert client.get("/health").status_code == 200
+
+
+def test_hostile_json_gets_an_error_and_leaves_the_session_alive() -> None:
+    """Nesting past the JSON parser's recursion limit, NaN and infinities, lone surrogate escapes: each once
+    ended an OpenEnv ``/ws`` session or came back over HTTP as a bare 500 with a traceback in the log."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_openenv_app(TTT, {"opponent": "minimax"}, max_sessions=2)) as client:
+        for body, status in ((b'{"seed": NaN}', 422), (b'{"seed": 1e400}', 422), (b"[" * 100_000, 400),
+                             (b'{"action": {"message": "\\ud800"}}', 422)):  # fmt: skip
+            path = "/step" if b"action" in body else "/reset"
+            reply = client.post(path, content=body, headers={"content-type": "application/json"})
+            assert reply.status_code == status and "detail" in reply.json(), (body[:30], reply.text[:200])
+        with client.websocket_connect("/ws") as socket:
+            socket.send_text(json.dumps({"type": "reset", "data": {"seed": 1}}))
+            assert socket.receive_json()["type"] == "observation"
+            socket.send_text("[" * 100_000)
+            assert socket.receive_json()["data"]["code"] == "INVALID_JSON"
+            # A lone surrogate reaches the env as U+FFFD (an invalid move here); a valid pair, an emoji, as it is.
+            for message in ('{"type": "step", "data": {"message": "\\ud800"}}',
+                            '{"type": "step", "data": {"message": "\\ud83d\\ude00"}}'):  # fmt: skip
+                socket.send_text(message)
+                reply = socket.receive_json()
+                assert reply["type"] == "observation" and reply["data"]["observation"]["info"]["invalid_action"], reply
+            socket.send_text(json.dumps({"type": "step", "data": {"message": "<move>B2</move>"}}))
+            assert socket.receive_json()["type"] == "observation"  # the same session, still playing

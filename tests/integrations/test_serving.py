@@ -198,6 +198,12 @@ def test_websocket_steps_refuse_bad_frames_clearly_and_write_strict_json() -> No
         text = socket.recv(timeout=30)
         body = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
         assert body["observation"] == "not a number" and body["reward"] is None
+        # Hostile JSON: nested past the parser's recursion limit, NaN, a lone surrogate escape.
+        for hostile, needle in (("[" * 100_000, "nested too deeply"), ('{"op": "reset", "seed": NaN}', "finite"),
+                                ('{"op": "step", "action": "\\ud800"}', "unicode")):  # fmt: skip
+            socket.send(hostile)
+            error = json.loads(socket.recv(timeout=30))["error"]
+            assert error["status"] == 422 and needle in error["detail"], error
         assert ws_call(socket, op="step", action="fast")["observation"] == "slept fast"  # still serving
 
 
