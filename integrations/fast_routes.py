@@ -8,9 +8,9 @@ is ASGI middleware that answers the few routes every episode calls (reset and st
 - it takes only a well-formed request: ``POST`` to a path one of its routes matches, a JSON object body that
   the route's own request models accept (``FastRoute.parse``, pydantic, the same models the FastAPI route
   declares);
-- anything else (another route or method, a body that is not a JSON object, one the models refuse, a
-  ``root_path`` mount) goes on to the FastAPI app untouched, with the body it sent, so every validation
-  error is FastAPI's own reply;
+- anything else (another route or method, another content type, a body that is not a JSON object or does
+  not parse, one the models refuse, a ``root_path`` mount) goes on to the FastAPI app untouched, with the
+  body it sent, so every validation error is FastAPI's own reply;
 - an ``HTTPException`` from the handler is answered as FastAPI's handler answers it (``{"detail": ...}``,
   its status and headers); any other exception propagates as it would from the route (a 500).
 
@@ -37,7 +37,7 @@ Send = Callable[[Message], Awaitable[None]]
 @dataclass(frozen=True)
 class FastRoute:
     """``POST`` to a path ``pattern`` matches in full: ``parse(body, match)`` turns the JSON object into the
-    handler's arguments (raising ``ValidationError`` or ``ValueError``, or returning None, to leave the request
+    handler's arguments (raising, pydantic's ``ValidationError`` for one, or returning None leaves the request
     to FastAPI), ``answer(arguments)`` returns the reply's JSON bytes."""
 
     pattern: re.Pattern[str]
