@@ -461,7 +461,7 @@ class EnvServer:
 
         def route(verb: str, model: type[BaseModel], handler: Callable[[str, Any], Any]) -> FastRoute:
             async def answer(arguments: tuple[str, Any]) -> bytes:
-                return to_json(await handler(*arguments), inf_nan_mode="null")
+                return _encoded(await handler(*arguments))
 
             return FastRoute(
                 re.compile(f"/sessions/(?P<session_id>[^/]+)/{verb}"),
@@ -473,9 +473,15 @@ class EnvServer:
 
 def _json(content: dict[str, Any]) -> Any:
     """The reply, encoded here: a Response skips FastAPI's response-model validation and re-encoding, ~5% of a
-    cheap call (docs/serving.md#inline-calls). The content is JSON-safe already (``jsonable``); pydantic-core's
-    encoder (FastAPI's own) writes a NaN or infinity, which strict JSON lacks, as null."""
-    return Response(to_json(content, inf_nan_mode="null"), media_type="application/json")
+    cheap call (docs/serving.md#inline-calls)."""
+    return Response(_encoded(content), media_type="application/json")
+
+
+def _encoded(content: dict[str, Any]) -> bytes:
+    """A reply's bytes, for the routes and the fast routes alike. The content is JSON-safe already
+    (``jsonable``); pydantic-core's encoder (FastAPI's own) writes a NaN or infinity, which strict JSON lacks,
+    as null."""
+    return to_json(content, inf_nan_mode="null")
 
 
 async def _gather_items(calls: list[Any]) -> list[dict[str, Any]]:

@@ -62,7 +62,7 @@ from rl_llm.integrations.fast_routes import (
     FastRoute,
     FastRoutes,
     answer_validation_errors_safely,
-    without_lone_surrogates,
+    strict_json,
 )
 from rl_llm.integrations.generic import jsonable, parse_kwarg_pairs, step_info
 from rl_llm.integrations.inline_calls import InlinePolicy, timed
@@ -354,24 +354,22 @@ def plain_http_routes(factory: Callable[[], RLLMEnvironment]) -> list[FastRoute]
         request = StepRequest.model_validate(body)
         return deserialize_action(request.action, RLLMAction), request.model_dump(exclude_unset=True, exclude={"action"})
 
-    async def reset(kwargs: dict[str, Any]) -> bytes:
-        env = factory()
-        try:
-            return ResetResponse(**serialize_observation(await env.reset_async(**kwargs))).model_dump_json().encode()
-        finally:
-            env.close()
+    def answer(reply: type[ResetResponse | StepResponse], call: Callable[[RLLMEnvironment, Any], Any]) -> Any:
+        async def run(arguments: Any) -> bytes:
+            env = factory()
+            try:
+                return reply(**serialize_observation(await call(env, arguments))).model_dump_json().encode()
+            finally:
+                env.close()
 
-    async def step(arguments: tuple[RLLMAction, dict[str, Any]]) -> bytes:
-        env = factory()
-        try:
-            observation = await env.step_async(arguments[0], **arguments[1])
-            return StepResponse(**serialize_observation(observation)).model_dump_json().encode()
-        finally:
-            env.close()
+        return run
+
+    def parse_reset(body: dict[str, Any], _: re.Match[str]) -> dict[str, Any]:
+        return ResetRequest.model_validate(body).model_dump(exclude_unset=True)
 
     return [
-        FastRoute(re.compile("/reset"), lambda body, _: ResetRequest.model_validate(body).model_dump(exclude_unset=True), reset),
-        FastRoute(re.compile("/step"), parse_step, step),
+        FastRoute(re.compile("/reset"), parse_reset, answer(ResetResponse, lambda env, kwargs: env.reset_async(**kwargs))),
+        FastRoute(re.compile("/step"), parse_step, answer(StepResponse, lambda env, args: env.step_async(args[0], **args[1]))),
     ]  # fmt: skip
 
 
@@ -426,7 +424,7 @@ class WebSocketGuard:
             return "nested too deeply"  # invalid JSON: openenv-core answers INVALID_JSON
         except ValueError:
             return text  # openenv-core's own INVALID_JSON
-        safe = without_lone_surrogates(data)
+        safe = strict_json(data, finite=False)  # a NaN stays, for openenv-core to refuse
         return text if safe == data else json.dumps(safe)
 
 def parse_kwargs(pairs: list[str]) -> dict[str, Any]:
