@@ -1,7 +1,7 @@
 """Serving at scale: rl-llm's env servers under many concurrent clients, against a bare app on the same stack.
 
 Every server runs in its own process (uvicorn, the same settings: uvloop/httptools where installed, no access
-log); the load client is this process (aiohttp), on the same cores. Each client plays whole
+log, no WebSocket compression unless ``--ws-compression``); the load client is this process (aiohttp), on the same cores. Each client plays whole
 MultiArmedBandit-v0 episodes (``horizon`` pulls): reset, then steps until the episode ends, for ``--seconds``
 per point. A call is one reset or one step. The baseline, measured in the same run, is a bare FastAPI app
 with the same three routes (create, reset, step) and no env: the web stack's own ceiling here.
@@ -11,14 +11,15 @@ p99 <= 2x; docs/serving.md#targets). Also: the WebSocket endpoint ``/sessions/ws
 client, whole episodes over it) against a bare WebSocket route; the same servers with the env replayed from a
 recording (``http-replay``, ``ws-replay``: the server's own cost, without the env's); the OpenEnv server over
 plain HTTP and ``/ws`` (openenv-core's own client) against the bare app's OpenEnv routes driven by the same
-client, and replayed (``openenv-*-replay``); each server's own cost per plain-HTTP call with its app called
+client, and replayed (``openenv-*-replay``); OpenEnv's ``/ws`` with WebSocket compression against without
+(``compression``); each server's own cost per plain-HTTP call with its app called
 in-process as ASGI, with its fast routes and without (``asgi``); the server's RSS per open session; the
 retriever server's queries/s. The sandbox parts: whole Terminal-v0 episodes played by the oracle with N in flight
 (``terminal``: reset, step and check latency, episodes/s, where step p50 doubles against one episode alone,
 and a burst of resets against a low start cap) and bare sandbox shells (``sandboxes``).
 
     python benchmarks/serving.py [--seconds 4] [--rounds 2] [--clients 1 64 256 1000] [--only http http-replay ws ws-replay
-        openenv-http openenv-ws openenv-http-replay openenv-ws-replay asgi memory retriever]
+        openenv-http openenv-ws openenv-http-replay openenv-ws-replay compression asgi memory retriever] [--ws-compression]
     python benchmarks/serving.py --only terminal [--terminal-episodes 1 4 16 64] [--terminal-burst 64]
 """
 
@@ -221,7 +222,7 @@ def replay_server() -> Any:
     return EnvServer(config, make_env=replayed_env()).app
 
 
-def serve_openenv_replay(port: int) -> None:
+def serve_openenv_replay(port: int, flags: list[str]) -> None:
     """The OpenEnv server exactly as ``python -m rl_llm.integrations.openenv`` runs it, each session's env
     replaying one recorded episode (the ``openenv-*-replay`` rows): openenv-core's and the adapter's own
     cost per call, without the env's."""
@@ -229,21 +230,25 @@ def serve_openenv_replay(port: int) -> None:
 
     openenv.make_env = replayed_env()  # in this process only: a benchmark's
     openenv.main(["--env", ENV_ID, "-k", f"horizon={HORIZON}", "--port", str(port), "--max-sessions", "1100",
-                  "--max-episodes", "1100"])  # fmt: skip
+                  "--max-episodes", "1100", *flags])  # fmt: skip
 
 
-def serve(kind: str, port: int) -> None:
+def serve(kind: str, port: int, compression: bool) -> None:
+    """One server of the benchmark; every one with the same web-server settings as the servers' own ``main``
+    (no access log; WebSocket compression only with ``--ws-compression``)."""
     import uvicorn
 
+    flags = ["--ws-compression"] if compression else []
     if kind == "openenv-replay":
-        serve_openenv_replay(port)
+        serve_openenv_replay(port, flags)
     elif kind in ("bare", "replay"):
         app = bare_app() if kind == "bare" else replay_server()
-        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                    ws_per_message_deflate=compression)  # fmt: skip
     else:
         from rl_llm.integrations.http_server import main
 
-        main(["--port", str(port), "--env", ENV_ID, "--max-sessions", "12000"])
+        main(["--port", str(port), "--env", ENV_ID, "--max-sessions", "12000", *flags])
 
 
 def free_port() -> int:
@@ -475,10 +480,11 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """A process's resident memory now (``VmRSS``) or at its peak (``VmHWM``), in MB."""
     with open(f"/proc/{pid}/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -508,13 +514,14 @@ def bench_http(args: argparse.Namespace, proto: str) -> None:
     """Alternate bare and ours point by point, so drift on the shared machine hits both alike. OpenEnv is
     compared with the bare app's OpenEnv routes, driven by the same client: its protocol's ceiling here."""
     print(HEADER, flush=True)
+    flags = ["--ws-compression"] if args.ws_compression else []
     ours_argv = OPENENV if proto.startswith("openenv") else [HERE, "--serve", "http", "--port", "{port}"]
     if proto.endswith("-replay"):  # the server with its env replayed: the server's own cost per call
         kind = "openenv-replay" if proto.startswith("openenv") else "replay"
         ours_argv = [HERE, "--serve", kind, "--port", "{port}"]
     bare_proto = proto.removesuffix("-replay")  # OpenEnv: the bare app's OpenEnv routes, the same client
-    with server_process([HERE, "--serve", "bare", "--port", "{port}"]) as (bare_url, bare_pid), \
-         server_process(ours_argv) as (ours_url, ours_pid):  # fmt: skip
+    with server_process([HERE, "--serve", "bare", "--port", "{port}", *flags]) as (bare_url, bare_pid), \
+         server_process([*ours_argv, *flags]) as (ours_url, ours_pid):  # fmt: skip
         for clients in args.clients:
             bare, ours = Point(0, 0.0, [], 0), Point(0, 0.0, [], 0)
             for _ in range(args.rounds):
@@ -527,6 +534,28 @@ def bench_http(args: argparse.Namespace, proto: str) -> None:
             stats = httpx.get(ours_url + "/stats").json()
             print(f"ours: {stats['inline_calls']:,} env calls inline, {stats['pool_calls']:,} on the pool, "
                   f"{stats['inline_demotions']} demotions, {stats['overloaded']} refused with 503", flush=True)
+
+
+def bench_compression(args: argparse.Namespace) -> None:
+    """OpenEnv's ``/ws`` with permessage-deflate negotiated (``--ws-compression``) against the servers' default
+    (off), alternated point by point in the same run: what compression costs per call, on both sides, and
+    per connection. openenv-core's client (the ``websockets`` library's) offers it by default; aiohttp's,
+    which drives the env server's ``/sessions/ws`` rows, does not, so those rows do not change with it."""
+    print("| endpoint | clients | compressed calls/s | plain calls/s | ratio | server CPU us/call, compressed / plain | "
+          "client CPU us/call, compressed / plain |\n|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
+    for proto, argv in (("openenv-ws", OPENENV),):
+        with server_process([*argv, "--ws-compression"]) as (deflate_url, deflate_pid), \
+             server_process(argv) as (plain_url, plain_pid):  # fmt: skip
+            for clients in args.clients:
+                deflate, plain = Point(0, 0.0, [], 0), Point(0, 0.0, [], 0)
+                for _ in range(args.rounds):
+                    deflate.add(measure(deflate_url, clients, args.seconds / args.rounds, proto, deflate_pid))
+                    plain.add(measure(plain_url, clients, args.seconds / args.rounds, proto, plain_pid))
+                print(f"| {proto} | {clients} | {deflate.rate:,.0f} | {plain.rate:,.0f} | "
+                      f"{plain.rate / deflate.rate:.2f}x | {deflate.cpu_us:.0f} / {plain.cpu_us:.0f} | "
+                      f"{deflate.client_cpu_us:.0f} / {plain.client_cpu_us:.0f} |", flush=True)  # fmt: skip
+            print(f"{proto}: peak server RSS {rss_mb(deflate_pid, 'VmHWM'):.0f} MB compressed, "
+                  f"{rss_mb(plain_pid, 'VmHWM'):.0f} MB plain, with up to {max(args.clients)} connections", flush=True)
 
 
 # -- the servers' own cost per call, in-process -----------------------------------------------------------
@@ -897,22 +926,26 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 64, 256, 1000])
     parser.add_argument("--rounds", type=int, default=2, help="alternate bare/ours this many times per point")
     parser.add_argument("--sessions", type=int, default=10000, help="open sessions for the memory figure")
-    parts = [*EPISODES, "asgi", "memory", "retriever", "terminal", "sandboxes"]
+    parts = [*EPISODES, "compression", "asgi", "memory", "retriever", "terminal", "sandboxes"]
     parser.add_argument("--sandbox-sessions", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--terminal-episodes", type=int, nargs="+", default=[1, 4, 16, 64],
                         help="Terminal-v0 episodes in flight per point; the smallest is the baseline")
     parser.add_argument("--terminal-burst", type=int, default=64, help="resets released at once in the burst")
     parser.add_argument("--terminal-start-limit", type=int, default=8, help="the start cap during the burst")
     parser.add_argument("--only", nargs="+", default=parts, choices=parts)
+    parser.add_argument("--ws-compression", action="store_true",
+                        help="every server negotiates permessage-deflate on WebSockets (their default: off)")
     args = parser.parse_args()
     if min([*args.terminal_episodes, args.terminal_burst, args.terminal_start_limit]) < 1:
         parser.error("--terminal-episodes, --terminal-burst and --terminal-start-limit take positive numbers")
     if args.serve:
-        return serve(args.serve, args.port)
+        return serve(args.serve, args.port, args.ws_compression)
     print(f"serving benchmark: {os.cpu_count()} CPUs, {args.seconds:g} s per point, {ENV_ID} horizon {HORIZON}")
     for proto in EPISODES:
         if proto in args.only:
             bench_http(args, proto)
+    if "compression" in args.only:
+        bench_compression(args)
     if "asgi" in args.only:
         bench_asgi(args)
     if "memory" in args.only:

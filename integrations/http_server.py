@@ -540,7 +540,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("max_sessions", "step_timeout_s", "session_ttl_s", "max_workers"):
         kind = type(getattr(defaults, name))
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(defaults, name))
-    parser.add_argument("--access-log", action="store_true", help="log every request (off: it costs ~20%% of a call)")
+    add_web_server_flags(parser)
     args = parser.parse_args(argv)
     config = ServerConfig(
         allowed_env_ids=frozenset(args.envs) if args.envs else None,
@@ -551,7 +551,21 @@ def main(argv: list[str] | None = None) -> None:
     )
     import uvicorn
 
-    uvicorn.run(EnvServer(config).app, host=args.host, port=args.port, access_log=args.access_log)
+    uvicorn.run(EnvServer(config).app, host=args.host, port=args.port, **web_server_options(args))
+
+
+def add_web_server_flags(parser: argparse.ArgumentParser) -> None:
+    """The uvicorn settings both env servers take (docs/serving.md#web-server-settings)."""
+    parser.add_argument("--access-log", action="store_true", help="log every request (off: it costs ~20%% of a call)")
+    parser.add_argument(
+        "--ws-compression", action="store_true",
+        help="negotiate permessage-deflate on WebSocket sessions (off: for small JSON messages on a LAN it costs "
+             "more CPU and memory per connection than it saves)",
+    )  # fmt: skip
+
+
+def web_server_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"access_log": args.access_log, "ws_per_message_deflate": args.ws_compression}
 
 
 if __name__ == "__main__":

@@ -28,8 +28,10 @@ plain HTTP, pass an ``episode_id`` to ``/reset`` and the same ``episode_id`` to 
 step request accepts extra fields): the episode is kept server-side until it ends, or for ``episode_ttl_s``.
 
 Well-formed plain-HTTP resets and steps are answered ahead of openenv-core's routes, with its own request and
-reply models and the same env calls (``plain_http_routes``, docs/serving.md#fast-routes); everything else,
-every validation error included, is openenv-core's.
+reply models and the same env calls (``plain_http_routes``, docs/serving.md#fast-routes), and so are a ``/ws``
+session's resets and steps once openenv-core's handler has called its env (``OpenEnvSocket``,
+docs/serving.md#openenv-websocket-sessions); everything else, every validation error included, is
+openenv-core's.
 
 Bad input is a 4xx and leaves the session usable: a malformed action 422 (OpenEnv's validation), bad reset
 options 400, an unknown ``episode_id`` 404, stepping an ended episode or a busy one 409. Over the WebSocket
@@ -42,7 +44,6 @@ import argparse
 import asyncio
 import contextlib
 import inspect
-import json
 import re
 import threading
 import time
@@ -62,10 +63,10 @@ from rl_llm.integrations.fast_routes import (
     FastRoute,
     FastRoutes,
     answer_validation_errors_safely,
-    strict_json,
 )
 from rl_llm.integrations.generic import jsonable, parse_kwarg_pairs, step_info
 from rl_llm.integrations.inline_calls import InlinePolicy, timed
+from rl_llm.integrations.openenv_ws import OpenEnvSocket, claim_for_connection
 from rl_llm.integrations.social_seat import SocialSeat, make_env
 
 
@@ -244,10 +245,12 @@ class RLLMEnvironment(Environment[RLLMAction, RLLMObservation, RLLMState]):
     # call kind proven cheap runs inline, watched; the rest go to a worker (docs/serving.md#inline-calls).
     async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
                           options: dict[str, Any] | None = None, **_: Any) -> RLLMObservation:  # fmt: skip
+        claim_for_connection(self)
         return await self._run("reset", lambda: self.reset(seed=seed, episode_id=episode_id, options=options))
 
     async def step_async(self, action: RLLMAction, timeout_s: float | None = None, episode_id: str | None = None,
                          **_: Any) -> RLLMObservation:  # fmt: skip
+        claim_for_connection(self)
         return await self._run("step", lambda: self.step(action, timeout_s=timeout_s, episode_id=episode_id))
 
     async def _run(self, what: str, fn: Callable[[], RLLMObservation]) -> RLLMObservation:
@@ -335,7 +338,7 @@ def create_openenv_app(env_id: str, env_kwargs: dict[str, Any] | None = None, ma
     factory = environment_factory(env_id, env_kwargs, store)
     app = create_app(factory, RLLMAction, RLLMObservation, env_name=env_id, max_concurrent_envs=max_sessions)
     app.router.on_shutdown.append(store.close)
-    app.add_middleware(WebSocketGuard)
+    app.add_middleware(OpenEnvSocket, action_cls=RLLMAction if fast_path else None)
     if fast_path:
         app.add_middleware(FastRoutes, routes=plain_http_routes(factory))
     answer_validation_errors_safely(app)
@@ -373,60 +376,6 @@ def plain_http_routes(factory: Callable[[], RLLMEnvironment]) -> list[FastRoute]
     ]  # fmt: skip
 
 
-class WebSocketGuard:
-    """ASGI middleware around openenv-core's ``/ws``: what clients do there that used to cost a session or a
-    traceback, each now answered the way openenv-core answers ordinary cases.
-
-    - A client that has gone: openenv-core's handler closes the socket once a session ends; when the client had
-      already closed it (every client that says goodbye and hangs up, and every one that drops), that close
-      raised Starlette's ``WebSocketDisconnect``, which reached uvicorn as "Exception in ASGI application" with a
-      traceback per session: log noise, and with 1,000 clients ending at once, CPU taken from the live ones
-      (docs/serving.md#measurements). A disconnect is how a session ends, not an error, so it stops here.
-    - JSON nested deeper than Python's recursion limit: ``json.loads`` raises RecursionError, not the
-      JSONDecodeError openenv-core answers as ``INVALID_JSON``, and the session ended, its env and episode
-      lost. Such a message is passed on as invalid JSON.
-    - A lone surrogate escape (``"\\ud800"``): pydantic refuses the string, openenv-core's error reply quoting it
-      could not be encoded as UTF-8, and the session ended. Such strings are passed on with U+FFFD in its place.
-
-    Only a message with many brackets, or with a ``\\ud`` escape, is parsed here first (otherwise two
-    ``str.count`` and two ``in`` checks per message)."""
-
-    WORTH_CHECKING = 256  # opening brackets; Python's JSON parser fails somewhere near 1,000 levels
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "websocket":
-            await self.app(scope, receive, send)
-            return
-        from starlette.websockets import WebSocketDisconnect
-
-        async def checked() -> Any:
-            message = await receive()
-            text = message.get("text")
-            if text is not None:
-                guarded = self.guard(text)
-                if guarded is not text:
-                    message = {**message, "text": guarded}
-            return message
-
-        with contextlib.suppress(WebSocketDisconnect):
-            await self.app(scope, checked, send)
-
-    def guard(self, text: str) -> str:
-        deep = text.count("[") + text.count("{") > self.WORTH_CHECKING
-        if not deep and "\\ud" not in text and "\\uD" not in text:
-            return text
-        try:
-            data = json.loads(text)
-        except RecursionError:
-            return "nested too deeply"  # invalid JSON: openenv-core answers INVALID_JSON
-        except ValueError:
-            return text  # openenv-core's own INVALID_JSON
-        safe = strict_json(data, finite=False)  # a NaN stays, for openenv-core to refuse
-        return text if safe == data else json.dumps(safe)
-
 def parse_kwargs(pairs: list[str]) -> dict[str, Any]:
     """``["opponent=minimax", "max_turns=5"]`` -> ``{"opponent": "minimax", "max_turns": 5}`` (values as JSON
     when they parse, else strings)."""
@@ -437,6 +386,8 @@ def parse_kwargs(pairs: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from rl_llm.integrations.http_server import add_web_server_flags, web_server_options
+
     parser = argparse.ArgumentParser(description="Serve one rl-llm environment with OpenEnv's server.")
     parser.add_argument(
         "--env", required=True, help="rl-llm/<Name>-v0, or social/<game> for one seat of a social game"
@@ -451,7 +402,7 @@ def main(argv: list[str] | None = None) -> None:
         "--episode-ttl-s", type=float, default=600.0, help="idle life of a plain-HTTP episode"
     )
     parser.add_argument("--max-episodes", type=int, default=256, help="plain-HTTP episodes kept at once")
-    parser.add_argument("--access-log", action="store_true", help="log every request (costs a fifth of a cheap call)")
+    add_web_server_flags(parser)
     args = parser.parse_args(argv)
     import uvicorn
 
@@ -461,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     except (ValueError, TypeError) as error:  # a bad id or option: one line, not a traceback
         raise SystemExit(f"error: cannot serve {args.env}: {error}") from None
-    uvicorn.run(app, host=args.host, port=args.port, access_log=args.access_log)
+    uvicorn.run(app, host=args.host, port=args.port, **web_server_options(args))
 
 
 if __name__ == "__main__":

@@ -303,6 +303,109 @@ def test_fast_path_answers_exactly_as_openenv_core_routes() -> None:
     assert statuses.count(200) >= 5 and {400, 404, 409, 422} <= set(statuses)  # the table covers every kind
 
 
+def ws_differential_messages() -> list[str]:
+    """A ``/ws`` session's messages, each answered by exactly one reply: whole seeded episodes (with and
+    without an ``episode_id``), steps before a reset and after the end, the env's own refusals (bad options,
+    a bad seed, an opponent message in a non-social game, unknown reset arguments), messages openenv-core's
+    models refuse, hostile JSON, other message types, and, last, a message that ends the session."""
+
+    def message(kind: str, data: Any = None, **extra: Any) -> str:
+        return json.dumps({"type": kind, **({} if data is None else {"data": data}), **extra})
+
+    def moves(*cells: str) -> list[str]:
+        return [message("step", {"message": f"<move>{cell}</move>"}) for cell in cells]
+
+    whole_game = moves("A1", "A2", "A3", "B1", "B2", "B3", "C1", "C2", "C3")  # minimax ends it early; the rest 409
+    return [
+        message("step", {"message": "<move>B2</move>"}),  # no episode yet
+        message("reset", {"seed": 3}),  # the first reset: openenv-core's own, which hands over the session env
+        *moves("B2", "B2", "nonsense"),  # a move, the same cell again, an invalid action
+        message("reset", {"seed": 5, "options": [1]}),
+        message("reset", {"seed": -1}),
+        message("reset", {"seed": "abc"}),
+        message("reset", {"seed": 1, "self": 2}),
+        '{"type": "reset", "data": {"seed": NaN}}',
+        message("reset", {"seed": 4, "episode_id": "e1"}),
+        *whole_game,
+        message("reset", {"seed": 6, "options": {"task_index": 0}}),
+        message("step", {"message": "<move>A1</move>", "opponent_message": "<move>B2</move>"}),
+        message("step", {"message": 5}),
+        message("step", {"text": "B2"}),
+        message("step"),
+        message("step", {"message": "<move>C3</move>"}, extra=1),
+        message("step", {"message": "<move>C3</move>", "type": "call_tool"}),
+        '{"type": "step", "data": {"message": "\\ud800<move>C1</move>"}}',
+        "[" * 5000,
+        "not json",
+        message("bogus"),
+        message("state"),
+        message("reset"),
+        *whole_game,
+        message("state"),
+        json.dumps([1, 2]),  # not an object: openenv-core ends the session with SESSION_ERROR
+    ]
+
+
+def test_ws_fast_path_answers_exactly_as_openenv_core() -> None:
+    """Every message of ``ws_differential_messages`` gets the same reply, byte for byte, from ``/ws`` with the
+    fast path (``OpenEnvSocket`` answering resets and steps) as from openenv-core's own handler, and the fast
+    path did answer most of them."""
+    from fastapi.testclient import TestClient
+
+    from rl_llm.integrations.openenv_ws import OpenEnvSocket
+
+    replies, answered = [], []
+    for fast_path in (True, False):
+        app = create_openenv_app(TTT, {"opponent": "minimax"}, max_sessions=4, fast_path=fast_path)
+        with TestClient(app) as client, client.websocket_connect("/ws") as socket:
+            got = []
+            for text in ws_differential_messages():
+                socket.send_text(text)
+                got.append(socket.receive_text())
+            replies.append(got)
+            layer = app.middleware_stack
+            while not isinstance(layer, OpenEnvSocket):
+                layer = layer.app
+            answered.append(layer.answered)
+    fast, core = replies
+    for sent, one, other in zip(ws_differential_messages(), fast, core, strict=True):
+        assert one == other, sent[:80]
+    kinds = [json.loads(reply)["type"] for reply in fast]
+    codes = {json.loads(reply)["data"].get("code") for reply in fast}
+    assert kinds.count("observation") >= 12 and {"EXECUTION_ERROR", "VALIDATION_ERROR", "INVALID_JSON"} <= codes
+    assert answered[1] == 0 and answered[0] >= 20  # with fast_path=False everything is openenv-core's
+
+
+def test_ws_fast_path_keeps_each_connection_to_its_own_env() -> None:
+    """Two ``/ws`` sessions played in turns on the fast path: each gets exactly the replies it gets alone from
+    openenv-core's handler (the fast path answers a message with the env of the connection that sent it)."""
+    from fastapi.testclient import TestClient
+
+    def session(seed: int) -> list[str]:
+        return [json.dumps({"type": "reset", "data": {"seed": seed}})] + [
+            json.dumps({"type": "step", "data": {"message": f"<move>{cell}</move>"}}) for cell in ("B2", "A1", "C3")
+        ] + [json.dumps({"type": "state"})]  # fmt: skip
+
+    def reply(socket: Any, text: str) -> str:
+        socket.send_text(text)
+        return socket.receive_text()
+
+    sessions = [session(3) + session(8), session(5) + session(1)]
+    alone = []
+    with TestClient(create_openenv_app(TTT, {"opponent": "minimax"}, max_sessions=4, fast_path=False)) as client:
+        for messages in sessions:
+            with client.websocket_connect("/ws") as socket:
+                alone.append([reply(socket, text) for text in messages])
+    together: list[list[str]] = [[], []]
+    app = create_openenv_app(TTT, {"opponent": "minimax"}, max_sessions=4)
+    with TestClient(app) as client, client.websocket_connect("/ws") as first, client.websocket_connect("/ws") as second:
+        for turn in range(len(sessions[0])):
+            for index, socket in enumerate((first, second)):
+                together[index].append(reply(socket, sessions[index][turn]))
+    assert together == alone
+    assert alone[0] != alone[1]
+
+
 def test_fast_path_leaves_other_content_types_and_routes_to_openenv_core() -> None:
     from fastapi.testclient import TestClient
 

@@ -213,3 +213,25 @@ def test_the_client_waits_out_a_503_as_retry_after_says_then_succeeds() -> None:
         threading.Timer(0.3, served.ledger.release.set).start()  # the queue drains while the client waits
         assert other.step("x")[0] == "echo x"
         assert served.server.snapshot()["overloaded"] >= 1  # it was refused first, then retried
+
+
+@pytest.mark.parametrize("module", ["rl_llm.integrations.http_server", "rl_llm.integrations.openenv"])
+def test_websocket_compression_is_off_unless_asked_for(module: str) -> None:
+    """Both servers' WebSocket sessions decline permessage-deflate, which clients offer by default (it cost
+    more CPU per message and memory per connection than it saved here, docs/serving.md#web-server-settings);
+    ``--ws-compression`` negotiates it, and sessions work either way."""
+    if module.endswith("openenv"):
+        pytest.importorskip("openenv.core", reason="openenv-core: pip install 'rl-llm[openenv]'")
+    from tests.integrations.test_serving_faults import free_port, server_process
+
+    path, hello = ("/ws", {"type": "reset", "data": {"seed": 1}}) if module.endswith("openenv") else (
+        "/sessions/ws", {"op": "create", "env_id": BANDIT})  # fmt: skip
+    for argv, compressed in (((), False), (("--ws-compression",), True)):
+        port = free_port()
+        with server_process(port, *argv, module=module), \
+                websockets_sync.connect(f"ws://127.0.0.1:{port}{path}") as socket:  # fmt: skip
+            negotiated = socket.response.headers.get("Sec-WebSocket-Extensions") or ""
+            assert ("permessage-deflate" in negotiated) is compressed, negotiated
+            socket.send(json.dumps(hello))
+            reply = json.loads(socket.recv(timeout=30))
+            assert "error" not in reply and reply.get("type") != "error", reply
