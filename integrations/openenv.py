@@ -57,6 +57,7 @@ from fastapi import HTTPException
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import Field
+from pydantic_core import to_json
 
 from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.integrations.fast_routes import (
@@ -89,6 +90,24 @@ class RLLMObservation(Observation):
     task_id: str | None = Field(None, description="the episode's task id")
     stop: list[str] = Field(default_factory=list, description="stop strings a generator should use")
     info: dict[str, Any] = Field(default_factory=dict, description="rl-llm's reset/step info (JSON-safe)")
+
+
+def observation_fields(text: str, episode: Episode, info: dict[str, Any], done: bool, reward: float | None
+                       ) -> dict[str, Any]:  # fmt: skip
+    """An ``RLLMObservation``'s fields, every value already of its field's type, so building the model is
+    validation that changes nothing and ``wire_form`` writes what openenv-core would write of the model."""
+    return {"text": text, "system_prompt": episode.system_prompt, "task_id": episode.task_id, "stop": episode.stop,
+            "info": info, "done": done, "reward": reward}  # fmt: skip
+
+
+def wire_form(fields: dict[str, Any]) -> dict[str, Any]:
+    """What openenv-core's ``serialize_observation`` returns for ``RLLMObservation(**fields)``: the observation's
+    fields but reward, done and metadata (in the model's order), then reward and done. The fast paths' replies
+    are compared byte for byte with openenv-core's (tests/integrations/test_openenv.py)."""
+    return {"observation": {name: fields[name] for name in _OBSERVED}, "reward": fields["reward"], "done": fields["done"]}
+
+
+_OBSERVED = [name for name in RLLMObservation.model_fields if name not in ("reward", "done", "metadata")]
 
 
 class RLLMState(State):
@@ -199,6 +218,9 @@ class RLLMEnvironment(Environment[RLLMAction, RLLMObservation, RLLMState]):
     # fields these signatures name, so ``options`` and ``episode_id`` reach us from /reset, /step and /ws.
     def reset(self, seed: int | None = None, episode_id: str | None = None, options: dict[str, Any] | None = None,
               **_: Any) -> RLLMObservation:  # fmt: skip
+        return RLLMObservation(**self._reset(seed, episode_id, options))
+
+    def _reset(self, seed: int | None, episode_id: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
         if options is not None and not isinstance(options, dict):
             raise HTTPException(400, f"options must be a JSON object, got {type(options).__name__}")
         if self._env is None:
@@ -207,20 +229,21 @@ class RLLMEnvironment(Environment[RLLMAction, RLLMObservation, RLLMState]):
             text, info = self._env.reset(seed=seed, options=options)
         except (ValueError, TypeError, KeyError) as error:
             raise HTTPException(400, f"reset rejected: {error}") from None
+        task_id = info.get("task_id")
         self._episode = Episode(
-            self._env, self.env_id, task_id=info.get("task_id"), system_prompt=str(info.get("system_prompt", "")),
-            stop=[str(s) for s in info.get("stop", [])],
+            self._env, self.env_id, task_id=None if task_id is None else str(task_id),
+            system_prompt=str(info.get("system_prompt", "")), stop=[str(s) for s in info.get("stop", [])],
         )  # fmt: skip
         if episode_id is not None:
             self.store.put(episode_id, self._episode)
             self._env = None  # the store owns it now; a later reset of this session builds a fresh env
-        return RLLMObservation(
-            text=str(text), system_prompt=self._episode.system_prompt, task_id=self._episode.task_id,
-            stop=self._episode.stop, info=jsonable(info), done=False, reward=None,
-        )  # fmt: skip
+        return observation_fields(str(text), self._episode, jsonable(info), done=False, reward=None)
 
     def step(self, action: RLLMAction, timeout_s: float | None = None, episode_id: str | None = None,
              **_: Any) -> RLLMObservation:  # fmt: skip
+        return RLLMObservation(**self._step(action, episode_id))
+
+    def _step(self, action: RLLMAction, episode_id: str | None) -> dict[str, Any]:
         episode = self.store.get(episode_id) if episode_id is not None else self._episode
         if episode is None:
             raise HTTPException(409, "no episode running: reset first (over plain HTTP, pass the same episode_id to "
@@ -237,7 +260,7 @@ class RLLMEnvironment(Environment[RLLMAction, RLLMObservation, RLLMState]):
                         400, "opponent_message is only for social games (env ids social/<game>)"
                     )
                 extra["opponent_action"] = action.opponent_message
-            return self._step(episode, action.message, **extra)
+            return self._play(episode, action.message, **extra)
         finally:
             episode.lock.release()
 
@@ -246,14 +269,25 @@ class RLLMEnvironment(Environment[RLLMAction, RLLMObservation, RLLMState]):
     async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
                           options: dict[str, Any] | None = None, **_: Any) -> RLLMObservation:  # fmt: skip
         claim_for_connection(self)
-        return await self._run("reset", lambda: self.reset(seed=seed, episode_id=episode_id, options=options))
+        return RLLMObservation(**await self._run("reset", lambda: self._reset(seed, episode_id, options)))
 
     async def step_async(self, action: RLLMAction, timeout_s: float | None = None, episode_id: str | None = None,
                          **_: Any) -> RLLMObservation:  # fmt: skip
         claim_for_connection(self)
-        return await self._run("step", lambda: self.step(action, timeout_s=timeout_s, episode_id=episode_id))
+        return RLLMObservation(**await self._run("step", lambda: self._step(action, episode_id)))
 
-    async def _run(self, what: str, fn: Callable[[], RLLMObservation]) -> RLLMObservation:
+    # The fast paths' twins of the two above: the same calls, answered in openenv-core's wire form
+    # (``serialize_observation`` of the observation) without building the pydantic observation and dumping it
+    # again, about a fifth of a cheap call in-process (docs/serving.md#openenv-websocket-sessions).
+    async def reset_wire(self, seed: int | None = None, episode_id: str | None = None,
+                         options: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:  # fmt: skip
+        return wire_form(await self._run("reset", lambda: self._reset(seed, episode_id, options)))
+
+    async def step_wire(self, action: RLLMAction, timeout_s: float | None = None, episode_id: str | None = None,
+                        **_: Any) -> dict[str, Any]:  # fmt: skip
+        return wire_form(await self._run("step", lambda: self._step(action, episode_id)))
+
+    async def _run(self, what: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         kind = (self.env_id, what)
         if self.inline.inline(kind):
             return self.inline.run(kind, f"openenv {what}", fn)[0]
@@ -261,7 +295,7 @@ class RLLMEnvironment(Environment[RLLMAction, RLLMObservation, RLLMState]):
         self.inline.pooled(kind, elapsed, cpu)
         return result
 
-    def _step(self, episode: Episode, message: str, **extra: Any) -> RLLMObservation:
+    def _play(self, episode: Episode, message: str, **extra: Any) -> dict[str, Any]:
         try:
             text, reward, terminated, truncated, info = episode.env.step(message, **extra)
         except (ValueError, TypeError) as error:
@@ -270,11 +304,8 @@ class RLLMEnvironment(Environment[RLLMAction, RLLMObservation, RLLMState]):
         episode.steps += 1
         episode.total_reward += float(reward)
         episode.last_used = time.monotonic()
-        return RLLMObservation(
-            text=str(text), system_prompt=episode.system_prompt, task_id=episode.task_id, stop=episode.stop,
-            info={"task_id": episode.task_id, **step_info(bool(terminated), bool(truncated), info)},
-            done=episode.done, reward=float(reward),
-        )  # fmt: skip
+        info = {"task_id": episode.task_id, **step_info(bool(terminated), bool(truncated), info)}
+        return observation_fields(str(text), episode, info, done=episode.done, reward=float(reward))
 
     @property
     def state(self) -> RLLMState:
@@ -350,18 +381,18 @@ def plain_http_routes(factory: Callable[[], RLLMEnvironment]) -> list[FastRoute]
     ``reset_async``/``step_async`` (a fresh env from ``factory`` per request, the request's fields as keyword
     arguments, closed after; its ``ResetResponse``/``StepResponse`` as the reply), without FastAPI's
     per-request cost (docs/serving.md#fast-routes). A request openenv-core's models refuse is left to its route."""
-    from openenv.core.env_server.serialization import deserialize_action, serialize_observation
-    from openenv.core.env_server.types import ResetRequest, ResetResponse, StepRequest, StepResponse
+    from openenv.core.env_server.serialization import deserialize_action
+    from openenv.core.env_server.types import ResetRequest, StepRequest
 
     def parse_step(body: dict[str, Any], _: re.Match[str]) -> tuple[RLLMAction, dict[str, Any]]:
         request = StepRequest.model_validate(body)
         return deserialize_action(request.action, RLLMAction), request.model_dump(exclude_unset=True, exclude={"action"})
 
-    def answer(reply: type[ResetResponse | StepResponse], call: Callable[[RLLMEnvironment, Any], Any]) -> Any:
+    def answer(call: Callable[[RLLMEnvironment, Any], Any]) -> Any:
         async def run(arguments: Any) -> bytes:
             env = factory()
-            try:
-                return reply(**serialize_observation(await call(env, arguments))).model_dump_json().encode()
+            try:  # the wire form is ResetResponse's and StepResponse's fields, in their order
+                return to_json(await call(env, arguments), inf_nan_mode="null")
             finally:
                 env.close()
 
@@ -371,8 +402,8 @@ def plain_http_routes(factory: Callable[[], RLLMEnvironment]) -> list[FastRoute]
         return ResetRequest.model_validate(body).model_dump(exclude_unset=True)
 
     return [
-        FastRoute(re.compile("/reset"), parse_reset, answer(ResetResponse, lambda env, kwargs: env.reset_async(**kwargs))),
-        FastRoute(re.compile("/step"), parse_step, answer(StepResponse, lambda env, args: env.step_async(args[0], **args[1]))),
+        FastRoute(re.compile("/reset"), parse_reset, answer(lambda env, kwargs: env.reset_wire(**kwargs))),
+        FastRoute(re.compile("/step"), parse_step, answer(lambda env, args: env.step_wire(args[0], **args[1]))),
     ]  # fmt: skip
 
 

@@ -8,8 +8,10 @@ the handler does, and does two things there:
 
 - **Guard** the handler against messages that used to cost a session or a traceback (see ``guard``).
 - **Answer** well-formed resets and steps itself, the way the handler answers them for an env with
-  ``reset_async``/``step_async`` (the same message models, the same env call, the same reply model and
-  error replies), without Starlette's WebSocket layers and openenv-core's per-message work: on the 2-core
+  ``reset_async``/``step_async`` (the same message models, the same env call, the reply its
+  ``WSObservationResponse`` writes, its error replies), without Starlette's WebSocket layers and
+  openenv-core's per-message work (the env answers in the wire form directly: ``RLLMEnvironment.step_wire``,
+  tested to write the same bytes as the models): on the 2-core
   machine those cost more than a cheap env's step (docs/serving.md#openenv-websocket-sessions). Everything
   else, and every message these models refuse, goes to the handler as it came, so every validation error is
   openenv-core's.
@@ -35,15 +37,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from openenv.core.env_server.serialization import deserialize_action, serialize_observation
-from openenv.core.env_server.types import (
-    WSErrorCode,
-    WSErrorResponse,
-    WSObservationResponse,
-    WSResetMessage,
-    WSStepMessage,
-)
+from openenv.core.env_server.serialization import deserialize_action
+from openenv.core.env_server.types import WSErrorCode, WSErrorResponse, WSResetMessage, WSStepMessage
 from pydantic import ValidationError
+from pydantic_core import to_json
 
 from rl_llm.integrations.fast_routes import Receive, Scope, Send, strict_json
 
@@ -141,16 +138,16 @@ class OpenEnvSocket:
             message = json.loads(text)
             kind = message.get("type") if isinstance(message, dict) else None
             if kind == "reset":  # the handler passes every field: the env's reset_async takes **kwargs
-                call = env.reset_async(**WSResetMessage(**message).data)
+                call = env.reset_wire(**WSResetMessage(**message).data)
             elif kind == "step":
-                call = env.step_async(deserialize_action(WSStepMessage(**message).data, self.action_cls))
+                call = env.step_wire(deserialize_action(WSStepMessage(**message).data, self.action_cls))
             else:
                 return None
         except Exception:  # whatever it is, openenv-core's handler decides the reply
             return None
         try:  # from here on, the handler's own try: the same replies to the same outcomes
-            observation = await call
-            return WSObservationResponse(data=serialize_observation(observation)).model_dump_json()
+            # WSObservationResponse(data=serialize_observation(...)).model_dump_json(), written directly
+            return to_json({"type": "observation", "data": await call}, inf_nan_mode="null").decode()
         except ValidationError as error:
             data = {"message": "Invalid message", "code": WSErrorCode.VALIDATION_ERROR, "errors": error.errors()}
             return WSErrorResponse(data=data).model_dump_json()

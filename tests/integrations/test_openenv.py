@@ -9,6 +9,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.extras import import_extra
 
@@ -404,6 +406,41 @@ def test_ws_fast_path_keeps_each_connection_to_its_own_env() -> None:
                 together[index].append(reply(socket, sessions[index][turn]))
     assert together == alone
     assert alone[0] != alone[1]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(st.characters(exclude_categories=["Cs"])),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.text(st.characters(exclude_categories=["Cs"])), task_id=st.none() | st.text(max_size=8),
+    stop=st.lists(st.text(max_size=4), max_size=3), info=st.dictionaries(st.text(max_size=8), json_values, max_size=4),
+    reward=st.none() | st.floats(), done=st.booleans(),
+)  # fmt: skip
+def test_the_fast_paths_write_what_openenv_core_writes_of_the_observation(
+    text: str, task_id: str | None, stop: list[str], info: dict[str, Any], reward: float | None, done: bool
+) -> None:
+    """The fast paths write an observation's wire form directly (``wire_form``) instead of building the model and
+    dumping it twice; for any field values (NaN and infinities, big integers, any text) the bytes are
+    openenv-core's own: its ``ResetResponse``/``StepResponse`` over HTTP, its ``WSObservationResponse`` over /ws."""
+    from openenv.core.env_server.serialization import serialize_observation
+    from openenv.core.env_server.types import ResetResponse, StepResponse, WSObservationResponse
+    from pydantic_core import to_json
+
+    from rl_llm.integrations.openenv import Episode, RLLMObservation, observation_fields, wire_form
+
+    episode = Episode(env=None, env_id=TTT, task_id=task_id, system_prompt=text[::-1], stop=stop)  # type: ignore[arg-type]
+    fields = observation_fields(text, episode, info, done=done, reward=reward)
+    wire = wire_form(fields)
+    core = serialize_observation(RLLMObservation(**fields))
+    assert to_json(wire, inf_nan_mode="null") == StepResponse(**core).model_dump_json().encode()
+    assert to_json(wire, inf_nan_mode="null") == ResetResponse(**core).model_dump_json().encode()
+    ws = to_json({"type": "observation", "data": wire}, inf_nan_mode="null").decode()
+    assert ws == WSObservationResponse(data=core).model_dump_json()
 
 
 def test_fast_path_leaves_other_content_types_and_routes_to_openenv_core() -> None:
