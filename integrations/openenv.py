@@ -379,7 +379,7 @@ def create_openenv_app(env_id: str, env_kwargs: dict[str, Any] | None = None, ma
 def plain_http_routes(factory: Callable[[], RLLMEnvironment]) -> list[FastRoute]:
     """OpenEnv's ``POST /reset`` and ``POST /step`` as openenv-core's routes run them for an env with
     ``reset_async``/``step_async`` (a fresh env from ``factory`` per request, the request's fields as keyword
-    arguments, closed after; its ``ResetResponse``/``StepResponse`` as the reply), without FastAPI's
+    arguments, closed after; what its ``ResetResponse``/``StepResponse`` write as the reply), without FastAPI's
     per-request cost (docs/serving.md#fast-routes). A request openenv-core's models refuse is left to its route."""
     from openenv.core.env_server.serialization import deserialize_action
     from openenv.core.env_server.types import ResetRequest, StepRequest

@@ -8,11 +8,11 @@ the handler does, and does two things there:
 
 - **Guard** the handler against messages that used to cost a session or a traceback (see ``guard``).
 - **Answer** well-formed resets and steps itself, the way the handler answers them for an env with
-  ``reset_async``/``step_async`` (the same message models, the same env call, the reply its
-  ``WSObservationResponse`` writes, its error replies), without Starlette's WebSocket layers and
-  openenv-core's per-message work (the env answers in the wire form directly: ``RLLMEnvironment.step_wire``,
-  tested to write the same bytes as the models): on the 2-core
-  machine those cost more than a cheap env's step (docs/serving.md#openenv-websocket-sessions). Everything
+  ``reset_async``/``step_async``: the same message models, the same env call, the reply its
+  ``WSObservationResponse`` writes and its error replies. What it skips is Starlette's WebSocket layers and
+  openenv-core's per-message work, which on the 2-core machine cost more than a cheap env's step
+  (docs/serving.md#openenv-websocket-sessions); the env answers in the wire form directly
+  (``RLLMEnvironment.reset_wire``/``step_wire``, tested to write the same bytes as the models). Everything
   else, and every message these models refuse, goes to the handler as it came, so every validation error is
   openenv-core's.
 
