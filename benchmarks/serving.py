@@ -543,19 +543,19 @@ def bench_compression(args: argparse.Namespace) -> None:
     which drives the env server's ``/sessions/ws`` rows, does not, so those rows do not change with it."""
     print("| endpoint | clients | compressed calls/s | plain calls/s | ratio | server CPU us/call, compressed / plain | "
           "client CPU us/call, compressed / plain |\n|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
-    for proto, argv in (("openenv-ws", OPENENV),):
-        with server_process([*argv, "--ws-compression"]) as (deflate_url, deflate_pid), \
-             server_process(argv) as (plain_url, plain_pid):  # fmt: skip
-            for clients in args.clients:
-                deflate, plain = Point(0, 0.0, [], 0), Point(0, 0.0, [], 0)
-                for _ in range(args.rounds):
-                    deflate.add(measure(deflate_url, clients, args.seconds / args.rounds, proto, deflate_pid))
-                    plain.add(measure(plain_url, clients, args.seconds / args.rounds, proto, plain_pid))
-                print(f"| {proto} | {clients} | {deflate.rate:,.0f} | {plain.rate:,.0f} | "
-                      f"{plain.rate / deflate.rate:.2f}x | {deflate.cpu_us:.0f} / {plain.cpu_us:.0f} | "
-                      f"{deflate.client_cpu_us:.0f} / {plain.client_cpu_us:.0f} |", flush=True)  # fmt: skip
-            print(f"{proto}: peak server RSS {rss_mb(deflate_pid, 'VmHWM'):.0f} MB compressed, "
-                  f"{rss_mb(plain_pid, 'VmHWM'):.0f} MB plain, with up to {max(args.clients)} connections", flush=True)
+    proto = "openenv-ws"
+    with server_process([*OPENENV, "--ws-compression"]) as (deflate_url, deflate_pid), \
+         server_process(OPENENV) as (plain_url, plain_pid):  # fmt: skip
+        for clients in args.clients:
+            deflate, plain = Point(0, 0.0, [], 0), Point(0, 0.0, [], 0)
+            for _ in range(args.rounds):
+                deflate.add(measure(deflate_url, clients, args.seconds / args.rounds, proto, deflate_pid))
+                plain.add(measure(plain_url, clients, args.seconds / args.rounds, proto, plain_pid))
+            print(f"| {proto} | {clients} | {deflate.rate:,.0f} | {plain.rate:,.0f} | "
+                  f"{plain.rate / deflate.rate:.2f}x | {deflate.cpu_us:.0f} / {plain.cpu_us:.0f} | "
+                  f"{deflate.client_cpu_us:.0f} / {plain.client_cpu_us:.0f} |", flush=True)  # fmt: skip
+        print(f"{proto}: peak server RSS {rss_mb(deflate_pid, 'VmHWM'):.0f} MB compressed, "
+              f"{rss_mb(plain_pid, 'VmHWM'):.0f} MB plain, with up to {max(args.clients)} connections", flush=True)
 
 
 # -- the servers' own cost per call, in-process -----------------------------------------------------------

@@ -33,9 +33,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def server_process(port: int, *argv: str, module: str = "rl_llm.integrations.http_server",
-                   env: str = BANDIT) -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
-    command = [sys.executable, "-m", module, "--port", str(port), "--env", env, *argv]
+def server_process(port: int, *argv: str, module: str = "rl_llm.integrations.http_server"
+                   ) -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
+    command = [sys.executable, "-m", module, "--port", str(port), "--env", BANDIT, *argv]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
