@@ -1,7 +1,8 @@
 """Serving at scale: rl-llm's env servers under many concurrent clients, against a bare app on the same stack.
 
-Every server runs in its own process (uvicorn, the same settings: uvloop/httptools where installed, no access
-log, no WebSocket compression unless ``--ws-compression``); the load client is this process (aiohttp), on the same cores. Each client plays whole
+Every server runs in its own process (uvicorn, the same settings: uvloop/httptools where installed, or the stack
+``--loop``/``--http`` name, no access log, no WebSocket compression unless ``--ws-compression``); the load client
+is this process (aiohttp), on the same cores. The first line names the stack. Each client plays whole
 MultiArmedBandit-v0 episodes (``horizon`` pulls): reset, then steps until the episode ends, for ``--seconds``
 per point. A call is one reset or one step. The baseline, measured in the same run, is a bare FastAPI app
 with the same three routes (create, reset, step) and no env: the web stack's own ceiling here.
@@ -12,14 +13,15 @@ client, whole episodes over it) against a bare WebSocket route; the same servers
 recording (``http-replay``, ``ws-replay``: the server's own cost, without the env's); the OpenEnv server over
 plain HTTP and ``/ws`` (openenv-core's own client) against the bare app's OpenEnv routes driven by the same
 client, and replayed (``openenv-*-replay``); OpenEnv's ``/ws`` with WebSocket compression against without
-(``compression``); each server's own cost per plain-HTTP call with its app called
+(``compression``); both servers on uvloop and httptools against asyncio's loop and h11 (``stack``); each server's own cost per plain-HTTP call with its app called
 in-process as ASGI, with its fast routes and without (``asgi``); the server's RSS per open session; the
 retriever server's queries/s. The sandbox parts: whole Terminal-v0 episodes played by the oracle with N in flight
 (``terminal``: reset, step and check latency, episodes/s, where step p50 doubles against one episode alone,
 and a burst of resets against a low start cap) and bare sandbox shells (``sandboxes``).
 
     python benchmarks/serving.py [--seconds 4] [--rounds 2] [--clients 1 64 256 1000] [--only http http-replay ws ws-replay
-        openenv-http openenv-ws openenv-http-replay openenv-ws-replay compression asgi memory retriever] [--ws-compression]
+        openenv-http openenv-ws openenv-http-replay openenv-ws-replay compression stack asgi memory retriever]
+        [--ws-compression] [--loop auto|asyncio|uvloop] [--http auto|h11|httptools]
     python benchmarks/serving.py --only terminal [--terminal-episodes 1 4 16 64] [--terminal-burst 64]
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import socket
@@ -233,18 +236,25 @@ def serve_openenv_replay(port: int, flags: list[str]) -> None:
                   "--max-episodes", "1100", *flags])  # fmt: skip
 
 
-def serve(kind: str, port: int, compression: bool) -> None:
+def web_flags(args: argparse.Namespace) -> list[str]:
+    """The web-server flags every server of this run gets (the servers' own ``add_web_server_flags``)."""
+    return [*(["--ws-compression"] if args.ws_compression else []), "--loop", args.loop, "--http", args.http]
+
+
+def serve(kind: str, port: int, flags: list[str]) -> None:
     """One server of the benchmark; every one with the same web-server settings as the servers' own ``main``
-    (no access log; WebSocket compression only with ``--ws-compression``)."""
+    (no access log; WebSocket compression only with ``--ws-compression``; the loop and HTTP parser named)."""
     import uvicorn
 
-    flags = ["--ws-compression"] if compression else []
+    from rl_llm.integrations.http_server import add_web_server_flags, web_server_options
+
     if kind == "openenv-replay":
         serve_openenv_replay(port, flags)
     elif kind in ("bare", "replay"):
         app = bare_app() if kind == "bare" else replay_server()
-        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                    ws_per_message_deflate=compression)  # fmt: skip
+        parser = argparse.ArgumentParser()
+        add_web_server_flags(parser)
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", **web_server_options(parser.parse_args(flags)))
     else:
         from rl_llm.integrations.http_server import main
 
@@ -510,11 +520,22 @@ OPENENV = ["-m", "rl_llm.integrations.openenv", "--env", ENV_ID, "-k", f"horizon
            "--max-sessions", "1100", "--max-episodes", "1100"]  # fmt: skip
 
 
+def alternated(args: argparse.Namespace, clients: int, first: tuple[str, int, str], second: tuple[str, int, str]
+               ) -> tuple[Point, Point]:  # fmt: skip
+    """One point of two servers (each ``(url, pid, proto)``), measured in turn ``--rounds`` times so that drift
+    on the shared machine hits both alike."""
+    points = Point(0, 0.0, [], 0), Point(0, 0.0, [], 0)
+    for _ in range(args.rounds):
+        for point, (url, pid, proto) in zip(points, (first, second)):
+            point.add(measure(url, clients, args.seconds / args.rounds, proto, pid))
+    return points
+
+
 def bench_http(args: argparse.Namespace, proto: str) -> None:
     """Alternate bare and ours point by point, so drift on the shared machine hits both alike. OpenEnv is
     compared with the bare app's OpenEnv routes, driven by the same client: its protocol's ceiling here."""
     print(HEADER, flush=True)
-    flags = ["--ws-compression"] if args.ws_compression else []
+    flags = web_flags(args)
     ours_argv = OPENENV if proto.startswith("openenv") else [HERE, "--serve", "http", "--port", "{port}"]
     if proto.endswith("-replay"):  # the server with its env replayed: the server's own cost per call
         kind = "openenv-replay" if proto.startswith("openenv") else "replay"
@@ -523,10 +544,7 @@ def bench_http(args: argparse.Namespace, proto: str) -> None:
     with server_process([HERE, "--serve", "bare", "--port", "{port}", *flags]) as (bare_url, bare_pid), \
          server_process([*ours_argv, *flags]) as (ours_url, ours_pid):  # fmt: skip
         for clients in args.clients:
-            bare, ours = Point(0, 0.0, [], 0), Point(0, 0.0, [], 0)
-            for _ in range(args.rounds):
-                bare.add(measure(bare_url, clients, args.seconds / args.rounds, bare_proto, bare_pid))
-                ours.add(measure(ours_url, clients, args.seconds / args.rounds, proto, ours_pid))
+            bare, ours = alternated(args, clients, (bare_url, bare_pid, bare_proto), (ours_url, ours_pid, proto))
             print(row(proto, clients, ours, bare), flush=True)
         if proto == "http":
             import httpx
@@ -543,19 +561,38 @@ def bench_compression(args: argparse.Namespace) -> None:
     which drives the env server's ``/sessions/ws`` rows, does not, so those rows do not change with it."""
     print("| endpoint | clients | compressed calls/s | plain calls/s | ratio | server CPU us/call, compressed / plain | "
           "client CPU us/call, compressed / plain |\n|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
-    proto = "openenv-ws"
-    with server_process([*OPENENV, "--ws-compression"]) as (deflate_url, deflate_pid), \
-         server_process(OPENENV) as (plain_url, plain_pid):  # fmt: skip
+    proto, stack = "openenv-ws", ["--loop", args.loop, "--http", args.http]
+    with server_process([*OPENENV, "--ws-compression", *stack]) as (deflate_url, deflate_pid), \
+         server_process([*OPENENV, *stack]) as (plain_url, plain_pid):  # fmt: skip
         for clients in args.clients:
-            deflate, plain = Point(0, 0.0, [], 0), Point(0, 0.0, [], 0)
-            for _ in range(args.rounds):
-                deflate.add(measure(deflate_url, clients, args.seconds / args.rounds, proto, deflate_pid))
-                plain.add(measure(plain_url, clients, args.seconds / args.rounds, proto, plain_pid))
+            deflate, plain = alternated(args, clients, (deflate_url, deflate_pid, proto), (plain_url, plain_pid, proto))
             print(f"| {proto} | {clients} | {deflate.rate:,.0f} | {plain.rate:,.0f} | "
                   f"{plain.rate / deflate.rate:.2f}x | {deflate.cpu_us:.0f} / {plain.cpu_us:.0f} | "
                   f"{deflate.client_cpu_us:.0f} / {plain.client_cpu_us:.0f} |", flush=True)  # fmt: skip
         print(f"{proto}: peak server RSS {rss_mb(deflate_pid, 'VmHWM'):.0f} MB compressed, "
               f"{rss_mb(plain_pid, 'VmHWM'):.0f} MB plain, with up to {max(args.clients)} connections", flush=True)
+
+
+def bench_stack(args: argparse.Namespace) -> None:
+    """Both servers on uvicorn's fast stack (uvloop's event loop, httptools' HTTP parser: what ``auto`` picks
+    once ``rl-llm[server]`` has installed them) against asyncio's loop and h11 (what uvicorn runs without
+    them), alternated point by point: what the two packages are worth to a user of the servers."""
+    missing = [name for name in ("uvloop", "httptools") if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"stack: skipped: {' and '.join(missing)} not installed (pip install 'rl-llm[server]')", flush=True)
+        return
+    print("| endpoint | clients | uvloop + httptools calls/s | asyncio + h11 calls/s | ratio | server CPU us/call, "
+          "fast / plain | p99 ms, fast / plain |\n|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
+    compression = ["--ws-compression"] if args.ws_compression else []
+    for proto in ("http", "ws", "openenv-http", "openenv-ws"):
+        argv = OPENENV if proto.startswith("openenv") else [HERE, "--serve", "http", "--port", "{port}"]
+        with server_process([*argv, *compression, "--loop", "uvloop", "--http", "httptools"]) as (fast_url, fast_pid), \
+             server_process([*argv, *compression, "--loop", "asyncio", "--http", "h11"]) as (plain_url, plain_pid):  # fmt: skip
+            for clients in args.clients:
+                fast, plain = alternated(args, clients, (fast_url, fast_pid, proto), (plain_url, plain_pid, proto))
+                print(f"| {proto} | {clients} | {fast.rate:,.0f} | {plain.rate:,.0f} | {fast.rate / plain.rate:.2f}x | "
+                      f"{fast.cpu_us:.0f} / {plain.cpu_us:.0f} | {fast.pct(0.99):.0f} / {plain.pct(0.99):.0f} |",
+                      flush=True)  # fmt: skip
 
 
 # -- the servers' own cost per call, in-process -----------------------------------------------------------
@@ -919,6 +956,8 @@ def bench_terminal(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    from rl_llm.integrations.http_server import WEB_STACK_MODULES
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--serve", choices=["bare", "http", "replay", "openenv-replay"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -926,7 +965,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 64, 256, 1000])
     parser.add_argument("--rounds", type=int, default=2, help="alternate bare/ours this many times per point")
     parser.add_argument("--sessions", type=int, default=10000, help="open sessions for the memory figure")
-    parts = [*EPISODES, "compression", "asgi", "memory", "retriever", "terminal", "sandboxes"]
+    parts = [*EPISODES, "compression", "stack", "asgi", "memory", "retriever", "terminal", "sandboxes"]
     parser.add_argument("--sandbox-sessions", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--terminal-episodes", type=int, nargs="+", default=[1, 4, 16, 64],
                         help="Terminal-v0 episodes in flight per point; the smallest is the baseline")
@@ -935,17 +974,26 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", default=parts, choices=parts)
     parser.add_argument("--ws-compression", action="store_true",
                         help="every server negotiates permessage-deflate on WebSockets (their default: off)")
+    parser.add_argument("--loop", choices=["auto", *WEB_STACK_MODULES["loop"]], default="auto",
+                        help="every server's event loop (default auto: uvloop where installed)")
+    parser.add_argument("--http", choices=["auto", *WEB_STACK_MODULES["http"]], default="auto",
+                        help="every server's HTTP parser (default auto: httptools where installed)")
     args = parser.parse_args()
     if min([*args.terminal_episodes, args.terminal_burst, args.terminal_start_limit]) < 1:
         parser.error("--terminal-episodes, --terminal-burst and --terminal-start-limit take positive numbers")
     if args.serve:
-        return serve(args.serve, args.port, args.ws_compression)
-    print(f"serving benchmark: {os.cpu_count()} CPUs, {args.seconds:g} s per point, {ENV_ID} horizon {HORIZON}")
+        return serve(args.serve, args.port, web_flags(args))
+    from rl_llm.integrations.http_server import web_stack
+
+    print(f"serving benchmark: {os.cpu_count()} CPUs, {args.seconds:g} s per point, {ENV_ID} horizon {HORIZON}; "
+          f"every server on --loop {args.loop} --http {args.http}, installed: {web_stack()}")
     for proto in EPISODES:
         if proto in args.only:
             bench_http(args, proto)
     if "compression" in args.only:
         bench_compression(args)
+    if "stack" in args.only:
+        bench_stack(args)
     if "asgi" in args.only:
         bench_asgi(args)
     if "memory" in args.only:

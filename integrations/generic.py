@@ -83,7 +83,7 @@ def action_from(messages: str | Sequence[Mapping[str, Any]]) -> str:
 
 def step_info(terminated: bool, truncated: bool, info: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON-safe part of a step's info plus the Gymnasium end flags."""
-    return {"terminated": terminated, "truncated": truncated, **jsonable(dict(info))}
+    return {"terminated": terminated, "truncated": truncated, **jsonable(info if type(info) is dict else dict(info))}
 
 
 _PLAIN = frozenset({str, bool, int, float, type(None)})
@@ -95,9 +95,11 @@ def jsonable(value: Any) -> Any:
     if kind in _PLAIN:
         return value
     if kind is dict:
-        return {key if type(key) is str else str(key): jsonable(item) for key, item in value.items()}
+        # plain items are copied without a call: most of an info dict is numbers and strings
+        return {key if type(key) is str else str(key): item if type(item) in _PLAIN else jsonable(item)
+                for key, item in value.items()}  # fmt: skip
     if kind is list:
-        return [jsonable(item) for item in value]
+        return [item if type(item) in _PLAIN else jsonable(item) for item in value]
     if isinstance(value, Mapping):
         return {str(key): jsonable(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):

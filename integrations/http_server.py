@@ -557,6 +557,10 @@ def main(argv: list[str] | None = None) -> None:
 def add_web_server_flags(parser: argparse.ArgumentParser) -> None:
     """The uvicorn settings both env servers take (docs/serving.md#web-server-settings)."""
     parser.add_argument("--access-log", action="store_true", help="log every request (off: it costs ~20%% of a call)")
+    parser.add_argument("--loop", choices=["auto", *WEB_STACK_MODULES["loop"]], default="auto",
+                        help="event loop (auto: uvloop where installed, as rl-llm[server] does; else asyncio's)")
+    parser.add_argument("--http", choices=["auto", *WEB_STACK_MODULES["http"]], default="auto",
+                        help="HTTP/1.1 parser (auto: httptools where installed, as rl-llm[server] does; else h11)")
     parser.add_argument(
         "--ws-compression", action="store_true",
         help="negotiate permessage-deflate on WebSocket sessions (off: for small JSON messages on a LAN it costs "
@@ -564,8 +568,40 @@ def add_web_server_flags(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+# uvicorn's choices for the two flags above, and the module each needs (None: the standard library's).
+WEB_STACK_MODULES: dict[str, dict[str, str | None]] = {
+    "loop": {"asyncio": None, "uvloop": "uvloop"},
+    "http": {"h11": "h11", "httptools": "httptools"},
+}
+
+
 def web_server_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"access_log": args.access_log, "ws_per_message_deflate": args.ws_compression}
+    """uvicorn's keyword arguments for the flags of ``add_web_server_flags``; a loop or parser that is named
+    but not installed stops here with the command that installs it, not in uvicorn with a traceback."""
+    import importlib.util
+
+    for setting in ("loop", "http"):
+        module = WEB_STACK_MODULES[setting].get(getattr(args, setting))
+        if module is not None and importlib.util.find_spec(module) is None:
+            raise SystemExit(f"error: --{setting} {getattr(args, setting)} needs the {module} package: "
+                             f"pip install 'rl-llm[server]'")  # fmt: skip
+    return {"access_log": args.access_log, "ws_per_message_deflate": args.ws_compression, "loop": args.loop,
+            "http": args.http}  # fmt: skip
+
+
+def web_stack() -> str:
+    """What uvicorn runs on here with the default ``auto`` settings, e.g. ``uvicorn 0.54.0, uvloop 0.22.1,
+    httptools 0.7.1, websockets 17.4``: the servers' speed depends on it (docs/serving.md#web-server-settings)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def named(package: str, fallback: str) -> str:
+        try:
+            return f"{package} {version(package)}"
+        except PackageNotFoundError:
+            return fallback
+
+    return ", ".join([named("uvicorn", "no uvicorn"), named("uvloop", "asyncio's event loop (no uvloop)"),
+                      named("httptools", "h11 (no httptools)"), named("websockets", "no websockets")])  # fmt: skip
 
 
 if __name__ == "__main__":

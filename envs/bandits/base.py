@@ -10,6 +10,7 @@ and the observation text.
 from __future__ import annotations
 
 import hashlib
+import math
 import string
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.parsing import extract_tag
 
 ARM_LABELS = string.ascii_uppercase
+_ARM_INDEX = {label: index for index, label in enumerate(ARM_LABELS)}
 REWARD_MODES = ("raw", "strategic", "algorithmic")
 HISTORY_MODES = ("summary", "full")
 
@@ -40,12 +42,11 @@ def parse_arm(action: str, num_arms: int) -> int | None:
     content = extract_tag(action, "action", last=True)
     if content is None:
         return None
-    label = content.strip().upper()
+    label = content.upper()  # extract_tag has stripped it
     if label.startswith("ARM "):
         label = label[4:].strip()
-    if len(label) == 1 and label in ARM_LABELS[:num_arms]:
-        return ARM_LABELS.index(label)
-    return None
+    arm = _ARM_INDEX.get(label)
+    return arm if arm is not None and arm < num_arms else None
 
 
 class BanditEnv(TextEnv):
@@ -119,6 +120,10 @@ class BanditEnv(TextEnv):
     def _reset(self, options: dict[str, Any]) -> Task:
         self.counts = [0] * self.num_arms
         self.sums = [0.0] * self.num_arms
+        # Per arm, kept up to date on each pull (only the pulled arm's entries change): its empirical mean
+        # (-inf while untried) and its line of the summary observation.
+        self._empirical_means = [-math.inf] * self.num_arms
+        self._summary_lines = [f"{label}: 0 pulls" for label in self.labels]
         self.pulls = 0
         self.regret = 0.0
         self.greedy_choices = 0
@@ -130,8 +135,7 @@ class BanditEnv(TextEnv):
 
     def _is_greedy(self, arm: int) -> bool:
         """Whether ``arm`` has the best empirical mean among tried arms (ties count)."""
-        best = max(total / count for count, total in zip(self.counts, self.sums) if count)
-        return bool(self.counts[arm]) and self.sums[arm] / self.counts[arm] >= best - 1e-12
+        return bool(self.counts[arm]) and self._empirical_means[arm] >= max(self._empirical_means) - 1e-12
 
     def _step(self, action: str) -> Outcome:
         arm = parse_arm(action, self.num_arms)
@@ -163,8 +167,12 @@ class BanditEnv(TextEnv):
         else:
             rewards["matches_ucb"] = float(arm in reference)
 
-        self.counts[arm] += 1
-        self.sums[arm] += reward
+        count = self.counts[arm] = self.counts[arm] + 1
+        total = self.sums[arm] = self.sums[arm] + reward
+        self._empirical_means[arm] = total / count
+        self._summary_lines[arm] = (
+            f"{self.labels[arm]}: {count} {'pull' if count == 1 else 'pulls'}, mean reward {total / count:.3f}"
+        )
         self.pulls += 1
         self._record(arm, reward)
         metrics = {
@@ -191,9 +199,4 @@ class BanditEnv(TextEnv):
 
     def _arm_summary_lines(self) -> list[str]:
         """``A: 2 pulls, mean reward 0.500`` per arm: the sufficient statistics of the history."""
-        return [
-            f"{label}: {count} {'pull' if count == 1 else 'pulls'}, mean reward {total / count:.3f}"
-            if count
-            else f"{label}: 0 pulls"
-            for label, count, total in zip(self.labels, self.counts, self.sums)
-        ]
+        return self._summary_lines

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rl_llm  # noqa: F401
 from rl_llm.agents.baselines import make_baseline
@@ -173,3 +175,43 @@ def test_linucb_has_far_lower_regret_than_random_on_the_contextual_bandit() -> N
     linucb, _ = mean_regret(CB, "linucb", 40)
     random, _ = mean_regret(CB, "random", 40)
     assert linucb < 0.4 * random
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    num_arms=st.integers(2, 6),
+    distribution=st.sampled_from(["bernoulli", "gaussian"]),
+    episodes=st.lists(st.lists(st.integers(-1, 6), min_size=1, max_size=12), min_size=1, max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_summary_and_greedy_share_match_a_recount_of_the_episode_across_resets(
+    num_arms: int, distribution: str, episodes: list[list[int]], seed: int
+) -> None:
+    """The env keeps each arm's summary line and empirical mean up to date pull by pull (cheaper than
+    rebuilding them every step); recounted here from the pulls the env reports, with invalid turns (-1, or an
+    arm past ``num_arms``) among them, over several episodes of one env, so nothing carries over a reset."""
+    env = gym.make(MAB, num_arms=num_arms, distribution=distribution, horizon=12)
+    labels = "ABCDEF"[:num_arms]
+    for episode, choices in enumerate(episodes):
+        observation, _ = env.reset(seed=seed + episode)
+        assert all(f"{label}: 0 pulls" in observation for label in labels)
+        counts, sums = [0] * num_arms, [0.0] * num_arms
+        greedy = opportunities = 0
+        for choice in choices:
+            action = f"<action>{'ABCDEFG'[choice]}</action>" if choice >= 0 else "no tag"
+            observation, _, terminated, _, info = env.step(action)
+            arm = info["arm"]
+            if not info["invalid_action"] and sum(counts):
+                tried = [total / count for count, total in zip(counts, sums) if count]
+                opportunities += 1
+                greedy += bool(counts[arm]) and sums[arm] / counts[arm] >= max(tried) - 1e-12
+            counts[arm] += 1
+            sums[arm] += info["sampled_reward"]
+            assert info["metrics"]["greedy_share"] == (greedy / opportunities if opportunities else 0.0)
+            if terminated:
+                break
+            lines = [f"{label}: {count} {'pull' if count == 1 else 'pulls'}, mean reward {total / count:.3f}"
+                     if count else f"{label}: 0 pulls" for label, count, total in zip(labels, counts, sums)]  # fmt: skip
+            shown = observation.splitlines()
+            first = next(i for i, line in enumerate(shown) if line.startswith("Pull ")) + 1
+            assert shown[first : first + num_arms] == lines

@@ -235,3 +235,49 @@ def test_websocket_compression_is_off_unless_asked_for(module: str) -> None:
             socket.send(json.dumps(hello))
             reply = json.loads(socket.recv(timeout=30))
             assert "error" not in reply and reply.get("type") != "error", reply
+
+
+def test_web_stack_flags_reach_uvicorn_and_a_missing_package_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--loop``/``--http`` become uvicorn's ``loop``/``http``; one that names a package not installed stops
+    with the command that installs it (rl-llm[server], which declares both), not with uvicorn's traceback."""
+    import argparse
+    import importlib.metadata
+    import importlib.util
+
+    from rl_llm.integrations.http_server import add_web_server_flags, web_server_options
+
+    parser = argparse.ArgumentParser()
+    add_web_server_flags(parser)
+    options = web_server_options(parser.parse_args(["--loop", "asyncio", "--http", "h11"]))
+    assert (options["loop"], options["http"], options["access_log"]) == ("asyncio", "h11", False)
+    assert web_server_options(parser.parse_args([]))["loop"] == "auto"
+    declared = " ".join(importlib.metadata.requires("rl-llm") or [])
+    assert "uvloop" in declared and "httptools" in declared
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvloop" else real_find_spec(name, *a))
+    with pytest.raises(SystemExit, match=r"--loop uvloop needs the uvloop package: pip install 'rl-llm\[server\]'"):
+        web_server_options(parser.parse_args(["--loop", "uvloop"]))
+    web_server_options(parser.parse_args(["--http", "httptools"]))  # the other one is still found
+
+
+@pytest.mark.parametrize("module", ["rl_llm.integrations.http_server", "rl_llm.integrations.openenv"])
+def test_both_servers_run_on_uvloop_by_default_and_on_asyncio_when_told(module: str) -> None:
+    """Read from the server process's memory map: uvloop's extension is loaded under the default ``auto``
+    (rl-llm[server] installs it) and not under ``--loop asyncio --http h11``; a session works either way."""
+    pytest.importorskip("uvloop", reason="uvloop: pip install 'rl-llm[server]'")
+    if module.endswith("openenv"):
+        pytest.importorskip("openenv.core", reason="openenv-core: pip install 'rl-llm[openenv]'")
+    from tests.integrations.test_serving_faults import free_port, server_process
+
+    for argv, on_uvloop in (((), True), (("--loop", "asyncio", "--http", "h11"), False)):
+        port = free_port()
+        with server_process(port, *argv, module=module) as process:
+            if module.endswith("openenv"):
+                reply = httpx.post(f"http://127.0.0.1:{port}/reset", json={"seed": 1}, timeout=30).json()
+                assert reply["observation"]["text"].startswith("Pull 1 of"), reply
+            else:
+                sid = httpx.post(f"http://127.0.0.1:{port}/sessions", json={"env_id": BANDIT}, timeout=30).json()
+                reply = httpx.post(f"http://127.0.0.1:{port}/sessions/{sid['session_ids'][0]}/reset", json={}, timeout=30)
+                assert reply.status_code == 200, reply.text
+            with open(f"/proc/{process.pid}/maps") as maps:
+                assert ("uvloop" in maps.read()) is on_uvloop, argv
