@@ -13,8 +13,9 @@ client, whole episodes over it) against a bare WebSocket route; the same servers
 recording (``http-replay``, ``ws-replay``: the server's own cost, without the env's); the OpenEnv server over
 plain HTTP and ``/ws`` (openenv-core's own client) against the bare app's OpenEnv routes driven by the same
 client, and replayed (``openenv-*-replay``); OpenEnv's ``/ws`` with WebSocket compression against without
-(``compression``); both servers on uvloop and httptools against asyncio's loop and h11 (``stack``); each server's own cost per plain-HTTP call with its app called
-in-process as ASGI, with its fast routes and without (``asgi``); the server's RSS per open session; the
+(``compression``); both servers on uvloop and httptools against asyncio's loop and h11 (``stack``); each
+server's own cost per plain-HTTP call with its app called in-process as ASGI, with its fast routes and without
+(``asgi``); the server's RSS per open session; the
 retriever server's queries/s. The sandbox parts: whole Terminal-v0 episodes played by the oracle with N in flight
 (``terminal``: reset, step and check latency, episodes/s, where step p50 doubles against one episode alone,
 and a burst of resets against a low start cap) and bare sandbox shells (``sandboxes``).

@@ -590,8 +590,8 @@ def web_server_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def web_stack() -> str:
-    """What uvicorn runs on here with the default ``auto`` settings, e.g. ``uvicorn 0.54.0, uvloop 0.22.1,
-    httptools 0.7.1, websockets 17.4``: the servers' speed depends on it (docs/serving.md#web-server-settings)."""
+    """What uvicorn runs on here with the default ``auto`` settings, e.g. ``uvicorn 0.54.0, uvloop 0.23.0,
+    httptools 0.9.0, websockets 17.4``: the servers' speed depends on it (docs/serving.md#web-server-settings)."""
     from importlib.metadata import PackageNotFoundError, version
 
     def named(package: str, fallback: str) -> str:

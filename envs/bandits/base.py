@@ -198,5 +198,6 @@ class BanditEnv(TextEnv):
         return f"{reward:.3f}"
 
     def _arm_summary_lines(self) -> list[str]:
-        """``A: 2 pulls, mean reward 0.500`` per arm: the sufficient statistics of the history."""
+        """``A: 2 pulls, mean reward 0.500`` per arm: the sufficient statistics of the history. The env's own
+        list, updated pull by pull: read it, do not change it."""
         return self._summary_lines
