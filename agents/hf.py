@@ -54,6 +54,7 @@ from rl_llm.agents.invariant_generation import (
     PAD_ROWS,
     canonical_width,
     generate_invariant,
+    padded_matmuls,
     supports_merged_decode,
     use_batch_invariant_attention,
 )
@@ -132,8 +133,14 @@ class HFPolicy(LLMPolicy):
         prompts = [self.prompt_ids(request) for request in requests]
         if any(not prompt for prompt in prompts):
             raise ValueError("cannot generate from an empty prompt")
-        if self.batch_invariant:
-            use_batch_invariant_attention(self.model)  # one-query attention steps that ignore the batch
+        if not self.batch_invariant:
+            return self._generate_layouts(requests, prompts, version)
+        use_batch_invariant_attention(self.model)  # one-query attention steps that ignore the batch
+        with padded_matmuls(self.model):  # linear layers on at least MIN_MATMUL_ROWS rows, whatever the batch
+            return self._generate_layouts(requests, prompts, version)
+
+    def _generate_layouts(self, requests: Sequence[GenerationRequest], prompts: list[list[int]],
+                          version: int) -> list[Completion]:  # fmt: skip
         merged = self.batch_invariant and supports_merged_decode(self)
         # One generate call per layout: the canonical width of each prompt (batch-invariant, for models the
         # merged layout cannot take), else one width for every prompt (merged: one decode for all widths).

@@ -4,7 +4,13 @@ Used by ``HFPolicy`` when ``batch_invariant`` is on (the CPU default; docs/repro
 Which requests share a batch follows thread timing (``agents/batching.py``), so a row's bits must come out the
 same whichever rows it is batched with, in whatever position. Measured on CPU kernels (torch 2.13, MKL):
 
-- matmuls give a row the same bits for any row count that is a multiple of 4 (1-3 rows take other kernels);
+- a matmul's bits for a row depend on how many rows it has: MKL picks its kernel by the row count, at
+  thresholds that move with the CPU and the inner dimension. On one 2-core machine (AVX2) every multiple of
+  4 rows gave the same bits; on another (AVX-512) 4 rows differed from 8, 8 from 12 or 16, and with 896 or
+  1,024 inputs 16 to 112 rows from 116 and more, while from 256 rows up (checked to 8,192, for 32 to 2,048
+  inputs and up to 32,000 outputs) every count gave the same bits. A row's bits never depended on its
+  position or on the other rows. So during generation every linear layer multiplies at least
+  ``MIN_MATMUL_ROWS`` rows (``padded_matmuls``: zero rows below that);
 - PyTorch's CPU flash attention gives the same bits for every row when the key length is a multiple of 16
   (its per-thread buffers are then aligned; checked for prefill up to 1,024 keys), not at other lengths: a
   row handled by the second thread differs in the last bits from the same row on the first (e.g. the rows in
@@ -32,7 +38,10 @@ path (``supports_merged_decode``), so its rows stay batch-invariant either way.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -52,10 +61,41 @@ from rl_llm.agents.sampling import sample_tokens
 if TYPE_CHECKING:
     from rl_llm.agents.hf import HFPolicy
 
-# Prompts are left-padded to the next multiple of PAD_MULTIPLE tokens; matmuls see multiples of PAD_ROWS rows.
+# Prompts are left-padded to the next multiple of PAD_MULTIPLE tokens; batches hold multiples of PAD_ROWS rows;
+# every linear layer multiplies at least MIN_MATMUL_ROWS rows.
 PAD_MULTIPLE = 16
 PAD_ROWS = 4
+MIN_MATMUL_ROWS = 256
 ATTENTION = "rl_llm_batch_invariant"
+
+
+_padding = threading.local()  # per thread: a trainer's forward on another thread keeps its own row counts
+
+
+@contextmanager
+def padded_matmuls(model: torch.nn.Module) -> Iterator[None]:
+    """While open on this thread, every ``nn.Linear`` of ``model`` with fewer than ``MIN_MATMUL_ROWS`` input
+    rows multiplies that many, zero rows added, so a row's bits do not depend on how many rows its batch has
+    (module docstring). The layers' ``forward`` is replaced once, by one that checks this thread's flag: a
+    lookup per call, where a torch function mode would put every op of the model through Python."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and "forward" not in vars(module):
+            module.forward = functools.partial(_linear_forward, module)
+    _padding.active = True
+    try:
+        yield
+    finally:
+        _padding.active = False
+
+
+def _linear_forward(module: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:
+    if not getattr(_padding, "active", False):
+        return F.linear(input, module.weight, module.bias)
+    rows = input.reshape(-1, input.shape[-1])
+    count = rows.shape[0]
+    if count < MIN_MATMUL_ROWS:  # zero rows up to the floor: the kernel MKL picks for 256 rows and more
+        rows = torch.cat([rows, rows.new_zeros(MIN_MATMUL_ROWS - count, rows.shape[1])])
+    return F.linear(rows, module.weight, module.bias)[:count].reshape(*input.shape[:-1], module.weight.shape[0])
 
 
 def canonical_width(length: int) -> int:
