@@ -79,23 +79,25 @@ def padded_matmuls(model: torch.nn.Module) -> Iterator[None]:
     (module docstring). The layers' ``forward`` is replaced once, by one that checks this thread's flag: a
     lookup per call, where a torch function mode would put every op of the model through Python."""
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and "forward" not in vars(module):
+        # nn.Linear's own forward only: a subclass with its own (a quantised layer's) is left as it is
+        if type(module).forward is torch.nn.Linear.forward and "forward" not in vars(module):
             module.forward = functools.partial(_linear_forward, module)
+    was_active = getattr(_padding, "active", False)
     _padding.active = True
     try:
         yield
     finally:
-        _padding.active = False
+        _padding.active = was_active
 
 
-def _linear_forward(module: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:
+def _linear_forward(module: torch.nn.Linear, inputs: torch.Tensor) -> torch.Tensor:
     if not getattr(_padding, "active", False):
-        return F.linear(input, module.weight, module.bias)
-    rows = input.reshape(-1, input.shape[-1])
+        return F.linear(inputs, module.weight, module.bias)
+    rows = inputs.reshape(-1, inputs.shape[-1])
     count = rows.shape[0]
     if count < MIN_MATMUL_ROWS:  # zero rows up to the floor: the kernel MKL picks for 256 rows and more
         rows = torch.cat([rows, rows.new_zeros(MIN_MATMUL_ROWS - count, rows.shape[1])])
-    return F.linear(rows, module.weight, module.bias)[:count].reshape(*input.shape[:-1], module.weight.shape[0])
+    return F.linear(rows, module.weight, module.bias)[:count].reshape(*inputs.shape[:-1], module.weight.shape[0])
 
 
 def canonical_width(length: int) -> int:
