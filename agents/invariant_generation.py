@@ -5,12 +5,12 @@ Which requests share a batch follows thread timing (``agents/batching.py``), so 
 same whichever rows it is batched with, in whatever position. Measured on CPU kernels (torch 2.13, MKL):
 
 - a matmul's bits for a row depend on how many rows it has: MKL picks its kernel by the row count, at
-  thresholds that move with the CPU and the inner dimension. On one 2-core machine (AVX2) every multiple of
-  4 rows gave the same bits; on another (AVX-512) 4 rows differed from 8, 8 from 12 or 16, and with 896 or
-  1,024 inputs 16 to 112 rows from 116 and more, while from 256 rows up (checked to 8,192, for 32 to 2,048
-  inputs and up to 32,000 outputs) every count gave the same bits. A row's bits never depended on its
-  position or on the other rows. So during generation every linear layer multiplies at least
-  ``MIN_MATMUL_ROWS`` rows (``padded_matmuls``: zero rows below that);
+  thresholds that move with the CPU and the inner dimension. On the machine this layout was first measured
+  on, every multiple of 4 rows gave the same bits; on another (AVX-512) 4 rows differed from 8, 8 from 12 or
+  16, and with 896 or 1,024 inputs 16 to 112 rows from 116 and more, while from 256 rows up (checked to
+  8,192, for 32 to 2,048 inputs and up to 32,000 outputs) every count gave the same bits. A row's bits never
+  depended on its position or on the other rows. So during generation every linear layer multiplies at
+  least ``MIN_MATMUL_ROWS`` rows (``padded_matmuls``: zero rows below that);
 - PyTorch's CPU flash attention gives the same bits for every row when the key length is a multiple of 16
   (its per-thread buffers are then aligned; checked for prefill up to 1,024 keys), not at other lengths: a
   row handled by the second thread differs in the last bits from the same row on the first (e.g. the rows in
