@@ -237,9 +237,14 @@ def serve_openenv_replay(port: int, flags: list[str]) -> None:
                   "--max-episodes", "1100", *flags])  # fmt: skip
 
 
+def stack_flags(args: argparse.Namespace) -> list[str]:
+    """The event loop and HTTP parser every server of this run gets."""
+    return ["--loop", args.loop, "--http", args.http]
+
+
 def web_flags(args: argparse.Namespace) -> list[str]:
     """The web-server flags every server of this run gets (the servers' own ``add_web_server_flags``)."""
-    return [*(["--ws-compression"] if args.ws_compression else []), "--loop", args.loop, "--http", args.http]
+    return [*(["--ws-compression"] if args.ws_compression else []), *stack_flags(args)]
 
 
 def serve(kind: str, port: int, flags: list[str]) -> None:
@@ -562,7 +567,7 @@ def bench_compression(args: argparse.Namespace) -> None:
     which drives the env server's ``/sessions/ws`` rows, does not, so those rows do not change with it."""
     print("| endpoint | clients | compressed calls/s | plain calls/s | ratio | server CPU us/call, compressed / plain | "
           "client CPU us/call, compressed / plain |\n|---|---|---|---|---|---|---|", flush=True)  # fmt: skip
-    proto, stack = "openenv-ws", ["--loop", args.loop, "--http", args.http]
+    proto, stack = "openenv-ws", stack_flags(args)
     with server_process([*OPENENV, "--ws-compression", *stack]) as (deflate_url, deflate_pid), \
          server_process([*OPENENV, *stack]) as (plain_url, plain_pid):  # fmt: skip
         for clients in args.clients:

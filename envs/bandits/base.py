@@ -169,10 +169,9 @@ class BanditEnv(TextEnv):
 
         count = self.counts[arm] = self.counts[arm] + 1
         total = self.sums[arm] = self.sums[arm] + reward
-        self._empirical_means[arm] = total / count
-        self._summary_lines[arm] = (
-            f"{self.labels[arm]}: {count} {'pull' if count == 1 else 'pulls'}, mean reward {total / count:.3f}"
-        )
+        mean = self._empirical_means[arm] = total / count
+        pulls = "pull" if count == 1 else "pulls"
+        self._summary_lines[arm] = f"{self.labels[arm]}: {count} {pulls}, mean reward {mean:.3f}"
         self.pulls += 1
         self._record(arm, reward)
         metrics = {
