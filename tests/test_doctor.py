@@ -13,6 +13,7 @@ import pytest
 
 from rl_llm import doctor
 from rl_llm.sandboxes import SandboxUnavailable, backend_problem, resolve_backend
+from tests.cli_env import cli_env
 
 tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+ (tomllib)")
 REPO = Path(__file__).resolve().parents[1]
@@ -20,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def rl_llm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     # No COLUMNS: a pipe gets rich's default 80 columns, which is what must not break lines.
-    base = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    base = cli_env(HOME=str(Path.home()))
     return subprocess.run([sys.executable, "-m", "rl_llm.cli", *args], capture_output=True, text=True,
                           timeout=600, env={**base, **(env or {})})
 

@@ -13,11 +13,12 @@ import pytest
 from rl_llm.cli import main
 from rl_llm.export import export, read_sft_jsonl
 from rl_llm.types import Message, Trajectory, Turn
+from tests.cli_env import cli_env
 
 
 def rl_llm(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "rl_llm.cli", *args], capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})  # fmt: skip
+                          env=cli_env(COLUMNS="200"))  # fmt: skip
 
 
 def episode(seed: int, rewards: list[float], index: int = 0, invalid: tuple[int, ...] = (), error: str | None = None,

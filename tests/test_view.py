@@ -14,6 +14,7 @@ import pytest
 
 from rl_llm.types import TokenRole, Trajectory, Turn
 from rl_llm.view import Decoder, load, write_view
+from tests.cli_env import cli_env
 
 LONG = "a-directory-name-long-enough-that-any-80-column-wrap-would-split-the-path-in-two"
 
@@ -21,7 +22,7 @@ LONG = "a-directory-name-long-enough-that-any-80-column-wrap-would-split-the-pat
 def rl_llm(*args: str) -> subprocess.CompletedProcess[str]:
     # No COLUMNS: through a pipe rich assumes 80 columns, which is what must not break messages.
     return subprocess.run([sys.executable, "-m", "rl_llm.cli", *args], capture_output=True, text=True, timeout=900,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+                          env=cli_env(HOME=str(Path.home())))
 
 
 def chromium() -> str:

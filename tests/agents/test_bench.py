@@ -25,6 +25,7 @@ from rl_llm.agents.policy import TextPolicy
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.registration import env_ids
 from rl_llm.envs.social import GAMES
+from tests.cli_env import cli_env
 
 TINY_SUITE = {  # two short bandit episodes: what the HTTP tests play
     "name": "tiny",
@@ -349,7 +350,7 @@ def test_a_second_bench_on_the_same_directory_is_refused(tmp_path: Path) -> None
     out.mkdir()
     suite = tmp_path / "suite.yaml"
     suite.write_text(json.dumps(TINY_SUITE))
-    env = {"PATH": "/usr/bin:/bin", "COLUMNS": "200", "RL_LLM_CACHE": str(tmp_path / "cache")}
+    env = cli_env(COLUMNS="200", RL_LLM_CACHE=str(tmp_path / "cache"))
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys; from pathlib import Path; from rl_llm.agents.bench.runner import "
          "run_dir_lock\nwith run_dir_lock(Path(sys.argv[1])):\n    print('held', flush=True); sys.stdin.read()",

@@ -19,6 +19,7 @@ from rl_llm.agents.openai_backend import OpenAIPolicy, restore_stop
 from rl_llm.agents.rollout import collect
 from rl_llm.types import Message
 from tests.agents.stub_servers import ChatStub
+from tests.cli_env import cli_env
 
 TICTACTOE = "rl-llm/TicTacToe-v0"
 
@@ -142,7 +143,7 @@ def test_rl_llm_eval_with_an_openai_agent_writes_table_jsonl_and_plot(stub: Chat
     out = tmp_path / "eval.jsonl"
     command = [sys.executable, "-m", "rl_llm.cli", "eval", "TicTacToe", "--agent", f"openai:{stub.url}#stub-model",
                "--episodes", "5", "--seed", "2", "--out", str(out)]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=cli_env(COLUMNS="200"))
     assert result.returncode == 0, result.stderr
     assert "return" in result.stdout and "±" in result.stdout
     records = [json.loads(line) for line in out.read_text().splitlines()]
@@ -161,7 +162,7 @@ def test_rl_llm_eval_whose_every_episode_failed_exits_non_zero(tmp_path: Path) -
     out = tmp_path / "eval.jsonl"
     command = [sys.executable, "-m", "rl_llm.cli", "eval", "TicTacToe", "--agent", f"openai:http://127.0.0.1:{port}/v1#m",
                "--episodes", "2", "--out", str(out)]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=cli_env(COLUMNS="200"))
     assert result.returncode == 1, result.stdout + result.stderr
     assert "error: every episode (2) ended on an error" in result.stdout and "Traceback" not in result.stderr
     assert "connection failed" in result.stdout  # the first error, in the warning line

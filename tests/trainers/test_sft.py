@@ -22,6 +22,7 @@ from rl_llm.trainers.evaluation import evaluate_llm
 from rl_llm.trainers.runner import env_factory
 from rl_llm.trainers.sft import expert_nll, expert_trajectories, sft, template_content
 from rl_llm.types import TokenRole
+from tests.cli_env import cli_env
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tictactoe_grpo_cpu.yaml"
 TTT = "rl-llm/TicTacToe-v0"
@@ -187,7 +188,7 @@ def test_sft_data_must_name_a_file(tmp_path: Path) -> None:
 def test_rl_llm_train_warm_starts_from_an_exported_file(tmp_path: Path) -> None:
     """`rl-llm eval` of the bandit's random baseline, `rl-llm export`, then the default job warm-started from the
     file (`sft.data`) instead of playing the baseline itself."""
-    env = {"PATH": "/usr/bin:/bin", "COLUMNS": "200", "HOME": str(Path.home())}
+    env = cli_env(COLUMNS="200", HOME=str(Path.home()))
 
     def rl_llm(*args: str) -> str:
         done = subprocess.run([sys.executable, "-m", "rl_llm.cli", *args], capture_output=True, text=True,
