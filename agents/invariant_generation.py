@@ -39,6 +39,7 @@ path (``supports_merged_decode``), so its rows stay batch-invariant either way.
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -217,14 +218,21 @@ def generate_invariant(policy: HFPolicy, requests: Sequence[GenerationRequest], 
     return [policy._completion(*results[index], limits[index]) for index in range(len(prompts))]
 
 
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The name the model's ``forward`` (and so its ``generate``) takes a KV cache by: ``cache`` from
+    transformers 5.2x on, ``past_key_values`` before (still accepted there with a FutureWarning, until 5.40)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def _prefill(policy: HFPolicy, rows: list[int], width: int, prompts: list[list[int]], seeds: list[int]) -> _Prefilled:
     """The prompts of one width through the model's body; the first token drawn from the last position's logits."""
     model, params = policy.model, policy.sampling
     input_ids, mask = policy._left_pad([prompts[row] for row in rows], width)
     positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as transformers' generate numbers them
     cache = DynamicCache(config=model.config)
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                                 past_key_values=cache, use_cache=True).last_hidden_state[:, -1]  # fmt: skip
+    decoder = model.get_decoder()
+    hidden = decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                     **{cache_keyword(decoder): cache}).last_hidden_state[:, -1]  # fmt: skip
     filler = -len(rows) % PAD_ROWS  # the output layer's matmul: zero rows up to a multiple of PAD_ROWS
     logits = model.get_output_embeddings()(F.pad(hidden, (0, 0, 0, filler)))[: len(rows)].float()
     row_seeds = torch.tensor([seeds[row] for row in rows], dtype=torch.int64, device=logits.device)
@@ -268,7 +276,7 @@ def _decode(policy: HFPolicy, parts: list[_Prefilled], seeds: list[int], limits:
     remaining = max(row_limits) - 1
     if remaining > 0 and not all(done[: len(rows)]):
         sampler = RowSampler(policy.sampling, torch.tensor(row_seeds, dtype=torch.int64, device=policy.device), width)
-        out = model.generate(input_ids=sequences, attention_mask=mask, past_key_values=cache,
+        out = model.generate(input_ids=sequences, attention_mask=mask, **{cache_keyword(model): cache},
                              generation_config=policy.greedy_config(remaining),
                              stopping_criteria=[criteria], logits_processor=[sampler])  # fmt: skip
         tokens = out[:, width:].tolist()

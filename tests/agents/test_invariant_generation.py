@@ -4,6 +4,7 @@ count, across padded widths (one merged decode), and the one-query attention is 
 from __future__ import annotations
 
 import random
+import warnings
 
 import pytest
 import torch
@@ -134,3 +135,14 @@ def test_a_module_in_training_mode_generates_as_in_eval_mode_and_stays_in_traini
     policy.model.train()
     assert [(c.token_ids, c.logprobs) for c in policy.generate(requests[::-1])][::-1] == expected
     assert policy.model.training
+
+
+def test_the_cache_goes_by_the_name_the_installed_transformers_takes(make_tiny_policy) -> None:
+    # transformers 5.2x renamed `past_key_values` to `cache` (the old name warns, and goes in 5.40): the merged
+    # decode must pass its prefilled cache under whichever name the installed version reads.
+    policy = make_tiny_policy(temperature=1.0, max_new_tokens=4, seed=1)
+    requests = _requests([12, 40, 90], 2)  # three widths: prefilled apart, decoded together from the cache
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*", category=FutureWarning)
+        completions = policy.generate(requests)
+    assert [c.token_ids for c in completions] == [policy.generate([r])[0].token_ids for r in requests]
