@@ -51,6 +51,14 @@ def train_main(config_path: str | None, overrides: list[str], out: str | None = 
     except (RLLMError, FileNotFoundError, ImportError) as error:  # e.g. a GPU this machine lacks, no model, no vLLM
         console.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
         return 2
+    except RuntimeError as error:
+        from rl_llm.trainers.modeling import nondeterminism_message  # torch is loaded by now
+
+        message = nondeterminism_message(error)
+        if message is None:
+            raise
+        console.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+        return 2
     console.print(
         f"mean return on {config.eval.episodes} held-out seeds: {summary['return_before']:.3f} before, "
         f"{summary['return_after']:.3f} after {summary['steps']} steps "

@@ -59,9 +59,11 @@ class ModelConfig:
     dtype: str = "float32"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # CUDA only: the same config and seed give the same run on the same machine and batch layout. Sets
-    # torch.use_deterministic_algorithms(True, warn_only=True), cuDNN deterministic without autotuning, and
+    # torch.use_deterministic_algorithms(True, warn_only=True), strict during backward passes (warn_only
+    # leaves attention's backward non-deterministic), cuDNN deterministic without autotuning, and
     # CUBLAS_WORKSPACE_CONFIG=:4096:8 (unless set). Costs speed: some kernels (scatter/index_add, attention
-    # backward) take slower deterministic paths; ops without one warn. No effect on CPU runs.
+    # backward) take slower deterministic paths; an op without one warns, or in a backward pass stops the run
+    # with a line naming it. No effect on CPU runs.
     deterministic: bool = True
     gradient_checkpointing: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -70,7 +72,9 @@ def make_deterministic(device: torch.device, enabled: bool = True) -> bool:
     layout, which some CUDA kernels break (atomics in scatter/index_add and attention backward, cuDNN's
     autotuner picking a kernel by timing, cuBLAS splitting work across streams). cuBLAS reads its workspace
     setting when it first starts, so call this before the first matmul on the GPU. Deterministic paths are
-    slower for some kernels; ops that have none warn (``warn_only``) rather than stop the run. Process-wide.
+    slower for some kernels; outside the backward passes, ops that have none warn (``warn_only``) rather than
+    stop the run (generation, vLLM's own torch ops). The backward passes run strict (``strict_determinism``).
+    Process-wide.
 
     CPU runs are left alone: their determinism comes from the batch-invariant layout and fixed seeds, and
     ``use_deterministic_algorithms`` would change nothing there but could raise for some ops.
@@ -82,6 +86,44 @@ def make_deterministic(device: torch.device, enabled: bool = True) -> bool:
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     return True
+
+
+@contextmanager
+def strict_determinism() -> Iterator[None]:
+    """While open, PyTorch's deterministic mode, if on, is strict rather than ``warn_only``; wrap backward in it.
+
+    Under ``warn_only`` PyTorch keeps the default, split-key backward of SDPA's memory-efficient and flash
+    attention, which is not deterministic, and only warns once ("Memory Efficient attention defaults to a
+    non-deterministic algorithm"; every training log of the first GPU run, on an H200, had it): gradients, and so
+    the run, could differ between two runs of one config. Strict, it takes the deterministic backward; an op with
+    no deterministic kernel then raises, and ``rl-llm train`` names it in one line (``nondeterminism_message``).
+    Only the backward passes: generation (transformers', vLLM's) keeps ``warn_only``, as the first GPU run saw
+    no other op warn. Process-wide while open, like the mode itself."""
+    if not torch.are_deterministic_algorithms_enabled() or not torch.is_deterministic_algorithms_warn_only_enabled():
+        yield
+        return
+    torch.use_deterministic_algorithms(True, warn_only=False)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+# PyTorch's refusals under use_deterministic_algorithms(True): an op without a deterministic kernel, SDPA's
+# split-key backward, cuBLAS without its workspace setting.
+_NONDETERMINISM_MARKS = ("does not have a deterministic implementation", "deterministic mode is enabled",
+                         "use_deterministic_algorithms(True)")  # fmt: skip
+
+
+def nondeterminism_message(error: BaseException) -> str | None:
+    """One line for PyTorch's refusal of an operation under ``model.deterministic``; None for other errors."""
+    text = str(error).strip()
+    if not isinstance(error, RuntimeError) or not any(mark in text for mark in _NONDETERMINISM_MARKS):
+        return None
+    first = text.splitlines()[0].split(", but you set")[0].split(". You can")[0].rstrip(".")
+    return (f"model.deterministic=true, and PyTorch refused an operation that has no deterministic CUDA kernel "
+            f"({first}); set model.deterministic=false to train without it (the run then does not repeat bit "
+            f"for bit)")  # fmt: skip
 
 
 def release_cached_memory(device: torch.device) -> None:
@@ -170,12 +212,15 @@ def token_logprobs(
     gradient only with ``entropy_grad`` (an entropy bonus); otherwise it is a detached figure for logging.
     """
     if positions is not None and _selects_positions(model):
-        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        # use_cache=False: a scoring pass has no next token to decode, and the model's default (a KV cache of
+        # every layer, kept until the output is freed) would hold all layers' keys and values at once.
+        hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                     use_cache=False).last_hidden_state  # fmt: skip
         select = positions[:, 1:].to(torch.bool)
         logits = model.get_output_embeddings()(hidden[:, :-1][select]).float()
         targets = input_ids[:, 1:][select]
     else:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1].float()
         select, targets = None, input_ids[:, 1:]
     if temperature != 1.0:
         logits = logits / temperature
@@ -216,7 +261,7 @@ class Critic(nn.Module):
         nn.init.zeros_(self.head.bias)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         values = self.head(hidden[:, :-1]).squeeze(-1).float()
         return torch.nn.functional.pad(values, (1, 0))
 

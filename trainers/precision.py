@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from rl_llm.trainers.modeling import DTYPES
+from rl_llm.trainers.modeling import DTYPES, strict_determinism
 
 
 class Precision:
@@ -54,7 +54,8 @@ class Precision:
         return torch.autocast(self.device_type, dtype=self.autocast_dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
-        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+        with strict_determinism():  # a CUDA run's deterministic mode, strict for the backward (its docstring)
+            (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
     def step(self, optimizer: torch.optim.Optimizer, parameters: Iterable[torch.Tensor],
              max_grad_norm: float) -> float | None:  # fmt: skip

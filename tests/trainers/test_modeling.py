@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from rl_llm.agents.hf import HFPolicy
 from rl_llm.agents.llm import SamplingParams
@@ -58,6 +58,32 @@ def test_selected_positions_equal_the_full_computation_with_gradients(tiny, roll
     (grad_full,) = torch.autograd.grad(full[mask].sum(), weight)
     (grad_sparse,) = torch.autograd.grad(sparse[mask].sum(), weight)
     assert torch.allclose(grad_full, grad_sparse, atol=1e-5)
+
+
+def test_scoring_passes_build_no_kv_cache(tiny, rollouts, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A scoring forward has no next token to decode: a cache of every layer's keys and values (the model's
+    # default) would only hold memory, all layers at once in the no-grad passes (old log-probs, reference).
+    model, tokenizer = tiny
+    batch = collate(rollouts, tokenizer.pad_token_id)
+    built = []
+    original = DynamicCache.__init__
+
+    def counting(self, *args, **kwargs) -> None:
+        built.append(type(self).__name__)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(DynamicCache, "__init__", counting)
+    model.train()
+    try:
+        with torch.no_grad():
+            token_logprobs(model, batch.input_ids, batch.attention_mask, positions=batch.policy_mask)
+            token_logprobs(model, batch.input_ids, batch.attention_mask)
+            Critic(model)(batch.input_ids, batch.attention_mask)
+    finally:
+        model.eval()
+    assert built == []
+    model(input_ids=batch.input_ids[:1], attention_mask=batch.attention_mask[:1])  # the model's own default
+    assert built, "the model builds no cache by default: this test checks nothing"
 
 
 def test_critic_value_at_t_depends_only_on_tokens_before_t(tiny) -> None:

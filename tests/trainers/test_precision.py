@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -26,6 +28,7 @@ from rl_llm.trainers.modeling import (
     FrozenReference,
     load_causal_lm,
     make_deterministic,
+    nondeterminism_message,
     token_logprobs,
 )
 from rl_llm.trainers.precision import Precision
@@ -306,6 +309,83 @@ def test_deterministic_cuda_settings_are_applied_on_cuda_only(cuda_switches: lis
     assert cuda_switches == [("use_deterministic_algorithms", (True, True))]
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+
+
+@pytest.fixture
+def strict_determinism() -> Iterator[None]:
+    """PyTorch's deterministic mode for one test (it is process-wide), as a CUDA run sets it."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def refused_operation() -> None:
+    """An op PyTorch refuses in deterministic mode on any device (``put_`` without accumulation)."""
+    torch.zeros(4).put_(torch.tensor([0, 0]), torch.tensor([1.0, 2.0]))
+
+
+def test_an_operation_without_a_deterministic_kernel_stops_train_with_one_line(
+    strict_determinism: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from rl_llm.trainers import cli
+
+    def run_training(config: TrainConfig, run_dir: Path) -> dict:
+        refused_operation()
+        raise AssertionError("PyTorch no longer refuses put_ in deterministic mode: pick another op")
+
+    monkeypatch.setattr(cli, "run_training", run_training)
+    assert cli.train_main(None, ["steps=1"], out=str(tmp_path)) == 2
+    out = capsys.readouterr().out
+    assert "error: model.deterministic=true" in out and "put_ does not have a deterministic implementation" in out
+    assert "set model.deterministic=false" in out and "Traceback" not in out
+    # Any other RuntimeError is not this one's to explain.
+    monkeypatch.setattr(cli, "run_training", lambda config, run_dir: torch.zeros(2) @ torch.zeros(3))
+    with pytest.raises(RuntimeError, match="inconsistent tensor size"):
+        cli.train_main(None, ["steps=1"], out=str(tmp_path))
+
+
+class RecordsMode(torch.autograd.Function):
+    """The identity, whose backward notes PyTorch's deterministic mode as the backward pass runs."""
+
+    seen: ClassVar[list[tuple[bool, bool]]] = []
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        RecordsMode.seen.append((torch.are_deterministic_algorithms_enabled(),
+                                 torch.is_deterministic_algorithms_warn_only_enabled()))  # fmt: skip
+        return grad
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_backward_runs_a_cuda_runs_deterministic_mode_strict(dtype: str) -> None:
+    # warn_only (what make_deterministic sets) keeps SDPA's split-key attention backward: not deterministic.
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    precision, x = Precision(dtype, CPU), torch.ones(3, requires_grad=True)
+    try:
+        RecordsMode.seen.clear()
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        precision.backward(RecordsMode.apply(x).sum())
+        assert RecordsMode.seen == [(True, False)]  # strict while the backward ran
+        assert torch.is_deterministic_algorithms_warn_only_enabled()  # warn_only again after it
+        torch.use_deterministic_algorithms(False)  # a run without model.deterministic: left off
+        precision.backward(RecordsMode.apply(x).sum())
+        assert RecordsMode.seen[1] == (False, False) and not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def test_nondeterminism_message_reads_pytorchs_refusal_only(strict_determinism: None) -> None:
+    with pytest.raises(RuntimeError) as refused:
+        refused_operation()
+    message = nondeterminism_message(refused.value)
+    assert message is not None and "\n" not in message and message.count("put_") == 1
+    assert nondeterminism_message(RuntimeError("CUDA out of memory")) is None
+    assert nondeterminism_message(ValueError("does not have a deterministic implementation")) is None
 
 
 def test_a_users_cublas_workspace_setting_is_kept(cuda_switches: list, monkeypatch: pytest.MonkeyPatch) -> None:
