@@ -7,9 +7,10 @@ started, and the check goes on; the whole check stops at ``--budget``, 480 s by 
 1. ``env`` (60): Python, torch, transformers, peft, the GPU's name and memory; ``rl_llm.trainers`` imports.
 2. ``tests`` (180, in the background during phases 3-5): the tests of ``tests/trainers`` and ``tests/agents``
    where the device matters (``TEST_FILES``: devices, mixed precision, modeling, the update, SFT, weight
-   sync, training, resume and restore, the asynchronous hf generator's own weights, HF generation, the tiny
-   model, evaluation), less four long training runs that phases 4-5 do on the GPU anyway or that repeat CPU
-   checks. Their models use ``model.device=auto``, so on a GPU machine they train and generate on the GPU.
+   sync, training, resume and restore, the asynchronous hf generator's own weights, the same small run twice
+   on CUDA giving the same metrics, HF generation, the tiny model, evaluation), less four long training runs
+   that phases 4-5 do on the GPU anyway or that repeat CPU checks. Their models use ``model.device=auto``,
+   so on a GPU machine they train and generate on the GPU.
    Figures: passed, failed, skipped, the first failures.
 3. ``build`` (120, in the background): a random-initialised model with Qwen2.5-0.5B's body (``tiny_model``
    of ``agents/tiny.py`` with hidden 896, MLP 4864, 24 layers, 14 heads, 2 KV heads, and the tiny model's
@@ -22,14 +23,21 @@ started, and the check goes on; the whole check stops at ``--budget``, 480 s by 
    Figures: win rate untrained / after SFT / after GRPO, illegal-move rates, wall seconds.
 6. ``grpo05b`` (150, alone on the machine): ``configs/tictactoe_grpo_vllm.yaml`` with ``rollout.backend=hf``
    on the phase-3 model, bf16, gradient checkpointing: 3 steps of 32 tasks x 8 episodes (256 episodes, up to
-   256 new tokens per turn); the held-out evaluation cut to 8 episodes before and after, random baseline
-   only.
+   64 new tokens per turn); the held-out evaluation cut to 8 episodes before and after, random baseline
+   only. 64 tokens, not the config's 256: the random-initialised model never ends a turn early and loses
+   each game to its fourth illegal move, so every episode is 4 turns of the full limit, and each rollout and
+   each evaluation is 4 x the limit decode steps one after the other. With 256 (1,024 decode steps each) the
+   first run on an H200 (2026-11-27) finished no step within the phase's 150 s.
 7. ``lora`` (135, alone): the same with ``model.lora.enabled=true`` (r 16 on every linear layer), 2 steps.
 8. ``rollout`` (75, alone, last: skipped if the budget is spent; ``--phases env,build,rollout`` runs it on its
    own): ``benchmarks/rollout.py`` on the phase-3 model, 64 bandit episodes x 2 turns, 32 new tokens, 2
    rounds: the rollout engine's policy tokens/s against transformers' own sampling ``generate`` (KV cache)
    on the engine's prompts and lengths (issue 29's target: >= 0.9). Figures: the median ratio per wall
    second, the engine's and transformers' tokens/s.
+
+A phase past its limit is first sent SIGUSR1, on which ``rl-llm`` and ``benchmarks/rollout.py`` print every
+thread's Python stack into the phase's log (``rl_llm/cli.py``), then stopped; the report shows the stacks'
+innermost frames, so a timeout says where the time went.
 
 Phases 2-5 share the machine, so their seconds are not speed figures. The speed figures are those of phases
 6-7, per step from the run's ``metrics.jsonl``; step 1 includes warm-up, so the summary is the median of the
@@ -111,7 +119,8 @@ REPO = Path(__file__).resolve().parents[1]
 WHEELS = REPO / ".whl"
 SITE = Path("/tmp/site")
 PHASES = ("env", "tests", "build", "default", "tictactoe", "grpo05b", "lora", "rollout")
-QUIET = ["log.tensorboard=false", "log.progress=false", "log.plot=false"]
+# Progress stays on: through a pipe it is one plain line per finished step in the phase's log.
+QUIET = ["log.tensorboard=false", "log.plot=false"]
 # The tests where the device matters, less the long training runs that other phases do on the GPU anyway
 # (the default job, the TicTacToe job and its warm start) or that only repeat CPU-side checks at length
 # (PPO's learning, reproducibility, the other asynchronous runs): about 4 minutes on 2 loaded CPU cores.
@@ -119,6 +128,7 @@ TEST_FILES = [
     *(f"tests/trainers/test_{name}.py" for name in ("devices", "precision", "modeling", "update", "sft",
                                                     "weight_sync", "training")),
     "tests/trainers/test_async.py::test_the_hf_generator_of_an_async_run_has_its_own_weights",
+    "tests/trainers/test_reproducible.py::test_the_same_run_twice_on_cuda_gives_the_same_metrics",
     *(f"tests/agents/test_{name}.py" for name in ("hf_rollout", "tiny_model", "evaluate")),
     *(f"--deselect=tests/trainers/{test}" for test in (
         "test_training.py::test_tictactoe_config_grpo_raises_the_win_rate_over_the_warm_start",
@@ -166,8 +176,8 @@ GPU_PLAN = Plan(
     tests=TEST_FILES,
     default=[],
     tictactoe=["steps=5"],
-    grpo=["steps=3", *SHORT_EVAL],
-    lora=["steps=2", *SHORT_EVAL, "model.lora.enabled=true"],
+    grpo=["steps=3", "rollout.max_new_tokens=64", *SHORT_EVAL],
+    lora=["steps=2", "rollout.max_new_tokens=64", *SHORT_EVAL, "model.lora.enabled=true"],
     shape=MODEL_SHAPE,
 )
 QUICK_GRPO = ["steps=1", "eval.episodes=2", "eval.every=0", "eval.baselines=[random]", "rollout.group_size=2",
@@ -311,6 +321,7 @@ class Check:
             phase.status = "ok" if code == 0 else "failed"
             phase.note = f"exit code {code}" if code else ""
         except subprocess.TimeoutExpired:
+            dump_stacks(process)
             stop(process)
             code = None
             phase.status, phase.note = "timeout", f"stopped after {limit:.0f} s"
@@ -343,8 +354,13 @@ class Check:
                 lines = (self.out / f"{name}.log").read_text(encoding="utf-8", errors="replace").splitlines()
             except OSError:
                 lines = []
-            tail = [f"  | {line}" for line in lines[-15:]]
-            print(f"  last lines of {self.out / name}.log:", *tail, sep="\n", flush=True)
+            stacks = stack_summary(lines)
+            if stacks:
+                print(f"  where it was when stopped (innermost frames first; all of it in {self.out / name}.log):",
+                      *(f"  | {line}" for line in stacks), sep="\n", flush=True)  # fmt: skip
+            else:
+                tail = [f"  | {line}" for line in lines[-15:]]
+                print(f"  last lines of {self.out / name}.log:", *tail, sep="\n", flush=True)
 
     # -- the phases --------------------------------------------------------------------------------------
     def phase_env(self) -> bool:
@@ -527,6 +543,47 @@ class Check:
 
 
 # -- helpers -------------------------------------------------------------------------------------------------
+def dump_stacks(process: subprocess.Popen, wait_s: float = 0.5) -> None:
+    """Ask a phase's process for its threads' stacks (SIGUSR1, see the module docstring) and give it
+    ``wait_s`` to write them (faulthandler writes from its C signal handler, at once); a process without the
+    handler just ends, as it was about to anyway."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid, signal.SIGUSR1)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=wait_s)
+
+
+# Threads parked in these files are waiting for work, not doing it: left out of the summary.
+IDLE_FILES = ("threading.py", "queue.py", "selectors.py", "concurrent/futures/thread.py", "multiprocessing/")
+
+
+def stack_summary(lines: list[str], frames: int = 8) -> list[str]:
+    """The threads of the last faulthandler dump in a log (``Thread 0x...`` / ``Current thread 0x...``
+    headers, then ``  File ...`` lines, innermost first), each with its first ``frames`` frames; threads whose
+    innermost frame is an idle wait are left out. Empty when the log holds no dump."""
+    starts = [i for i, line in enumerate(lines) if re.match(r"(Current thread|Thread) 0x[0-9a-f]+", line)]
+    if not starts:
+        return []
+    # The last dump: its headers follow one another, separated by frames and blank lines only.
+    first = starts[-1]
+    for index in reversed(starts[:-1]):
+        between = lines[index + 1 : first]
+        if all(line.startswith("  File ") or not line.strip() for line in between):
+            first = index
+        else:
+            break
+    summary: list[str] = []
+    for index in [i for i in starts if i >= first]:
+        stack = []
+        for line in lines[index + 1 :]:
+            if not line.startswith("  File "):
+                break
+            stack.append(line)
+        if stack and not any(name in stack[0] for name in IDLE_FILES):
+            summary += [lines[index], *stack[:frames]]
+    return summary
+
+
 def stop(process: subprocess.Popen) -> None:
     """Stop a phase and everything it started (its own process group)."""
     try:

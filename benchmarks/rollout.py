@@ -51,6 +51,7 @@ from rl_llm.agents.hf import HFPolicy
 from rl_llm.agents.llm import GenerationRequest, SamplingParams
 from rl_llm.agents.rollout import EpisodeJob, RolloutEngine
 from rl_llm.agents.tiny import default_tiny_model_path, tiny_model
+from rl_llm.cli import dump_stacks_on_sigusr1
 from rl_llm.types import Trajectory
 
 ENV_ID = "rl-llm/MultiArmedBandit-v0"
@@ -149,6 +150,7 @@ def load_model(args: argparse.Namespace) -> Any:
 
 
 def main() -> None:
+    dump_stacks_on_sigusr1()  # a stack dump on SIGUSR1, as rl-llm gives (benchmarks/gpu_check.py asks at timeouts)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
     parser.add_argument("--episodes", type=int, default=32)

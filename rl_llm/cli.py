@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -317,8 +319,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def dump_stacks_on_sigusr1() -> bool:
+    """``kill -USR1 PID`` prints every thread's Python stack to stderr and the process goes on: where a run
+    that seems stuck spends its time, without a debugger or py-spy on the machine (benchmarks/gpu_check.py sends
+    it to a phase past its time limit before stopping it). False where the platform has no SIGUSR1 or stderr is
+    no file (``main`` called in a notebook, or under pytest's capture)."""
+    if not hasattr(signal, "SIGUSR1"):
+        return False
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both an OSError and a ValueError
+        return False
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    dump_stacks_on_sigusr1()
     if not (sys.stderr.isatty() and sys.stdout.isatty()):
         # Hugging Face's loading/saving bars redraw with carriage returns: noise in a pipe or a log file
         # (`rl-llm train | tee log` too: the bars would land between the piped lines on the terminal).

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rl_llm.envs.registration import env_ids
+from tests.cli_env import cli_env
 
 # Long enough that an 80-column hard wrap would split any message that holds it.
 LONG = "a-directory-name-long-enough-that-any-80-column-wrap-would-split-the-path-in-two"
@@ -17,7 +20,7 @@ LONG = "a-directory-name-long-enough-that-any-80-column-wrap-would-split-the-pat
 
 def rl_llm(*args: str, stdin: str | None = None, columns: int | None = 250) -> subprocess.CompletedProcess[str]:
     """The CLI through a pipe. Tables size to COLUMNS; `columns=None` leaves rich's 80-column default."""
-    env = {"PATH": "/usr/bin:/bin", **({"COLUMNS": str(columns)} if columns else {})}
+    env = cli_env(**({"COLUMNS": str(columns)} if columns else {}))
     return subprocess.run([sys.executable, "-m", "rl_llm.cli", *args], input=stdin, capture_output=True, text=True,
                           timeout=300, env=env)  # fmt: skip
 
@@ -126,3 +129,19 @@ def test_people_console_keeps_messages_whole_and_tables_uncut_outside_a_terminal
     assert lines[0] == message  # one line, no markup left
     assert any("vllm:http://127.0.0.1:8000#Qwen/Qwen2.5-0.5B-Instruct" in line for line in lines)
     assert "…" not in out.getvalue()
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_command_goes_on() -> None:
+    # `kill -USR1 PID` on a run that seems stuck: where it is, without a debugger (benchmarks/gpu_check.py sends
+    # it to a phase past its limit). Without the handler SIGUSR1 would end the process.
+    process = subprocess.Popen([sys.executable, "-m", "rl_llm.cli", "play", "MultiArmedBandit"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())  # fmt: skip
+    try:
+        assert "MultiArmedBandit" in process.stdout.readline()  # the handler is set before the command starts
+        os.kill(process.pid, signal.SIGUSR1)
+        out, err = process.communicate(input="", timeout=120)  # then end of input: the game says bye
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert "(most recent call first):" in err and 'File "' in err
+    assert out.rstrip().endswith("bye")

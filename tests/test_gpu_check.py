@@ -1,12 +1,18 @@
 """The GPU check's arithmetic (benchmarks/gpu_check.py): update FLOPs, MFU, LoRA parameter counts, GPU peaks
-and pytest's counts, against hand-computed values."""
+and pytest's counts, against hand-computed values; what a phase stopped at its limit reports."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tests.cli_env import cli_env
 from tests.scripts import load_benchmark
 
 
@@ -92,3 +98,53 @@ engine / transformers generate throughput over 2 rounds: median 1.000 per wall-c
 """
     assert gpu_check.rollout_figures(text) == {"ratio": 1.0, "engine_tok_s": 2000.0, "transformers_tok_s": 2000.0}
     assert gpu_check.rollout_figures("Traceback (most recent call last):") == {}
+
+
+# A phase that is busy in one function, with an idle thread beside it, as the check's stacks request finds it.
+BUSY_PHASE = """
+import threading
+from rl_llm.cli import dump_stacks_on_sigusr1
+assert dump_stacks_on_sigusr1()
+threading.Thread(target=threading.Event().wait, daemon=True).start()
+def spinning_in_here():
+    print("ready", flush=True)
+    while True:
+        sum(range(1000))
+spinning_in_here()
+"""
+
+
+def test_a_stopped_phase_says_where_it_was(gpu_check: ModuleType, tmp_path: Path) -> None:
+    log_path = tmp_path / "phase.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen([sys.executable, "-c", BUSY_PHASE], stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True, env=cli_env())  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while "ready" not in log_path.read_text() and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert process.poll() is None, log_path.read_text()
+            gpu_check.dump_stacks(process, wait_s=1.0)
+            assert process.poll() is None, "SIGUSR1 ended the process: no stack dump handler"
+        finally:
+            gpu_check.stop(process)
+    summary = gpu_check.stack_summary(log_path.read_text().splitlines())
+    assert summary and re.match(r"(Current thread|Thread) 0x", summary[0]), log_path.read_text()
+    assert "in spinning_in_here" in summary[1], summary  # innermost frame first
+    assert not any("threading.py" in line for line in summary), "the idle thread is left out"
+
+
+def test_stack_summary_reads_the_last_dump_only(gpu_check: ModuleType) -> None:
+    dump = [
+        "Thread 0x00007f01 (most recent call first):",
+        '  File "/usr/lib/python3.12/threading.py", line 355 in wait',
+        '  File "/x/agents/rollout.py", line 10 in run',
+        "",
+        "Current thread 0x00007f02 (most recent call first):",
+        *(f'  File "/x/trainers/update.py", line {n} in f{n}' for n in range(12)),
+    ]  # fmt: skip
+    older = ["Thread 0x00007f09 (most recent call first):", '  File "/x/old.py", line 1 in old']
+    lines = ["step 1/3  reward 0.1", *older, "step 2/3  reward 0.2", *dump, "Terminated"]
+    summary = gpu_check.stack_summary(lines, frames=3)
+    assert summary == [dump[4], *dump[5:8]]
+    assert gpu_check.stack_summary(["step 1/3", "Traceback (most recent call last):"]) == []
