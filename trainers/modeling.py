@@ -94,8 +94,8 @@ def strict_determinism() -> Iterator[None]:
 
     Under ``warn_only`` PyTorch keeps the default, split-key backward of SDPA's memory-efficient and flash
     attention, which is not deterministic, and only warns once ("Memory Efficient attention defaults to a
-    non-deterministic algorithm"; every training log of the first GPU run, on an H200, had it): gradients, and so
-    the run, could differ between two runs of one config. Strict, it takes the deterministic backward; an op with
+    non-deterministic algorithm"; the first GPU run, on an H200, printed it in its training logs): gradients, and
+    so the run, could differ between two runs of one config. Strict, it takes the deterministic backward; an op with
     no deterministic kernel then raises, and ``rl-llm train`` names it in one line (``nondeterminism_message``).
     Only the backward passes: generation (transformers', vLLM's) keeps ``warn_only``, as the first GPU run saw
     no other op warn. Process-wide while open, like the mode itself."""
