@@ -21,26 +21,29 @@ started, and the check goes on; the whole check stops at ``--budget``, 480 s by 
 5. ``tictactoe`` (105): ``configs/tictactoe_grpo_cpu.yaml`` on the GPU, warm start as shipped (2,048 minimax
    episodes, 6 epochs), 5 GRPO steps.
    Figures: win rate untrained / after SFT / after GRPO, illegal-move rates, wall seconds.
-6. ``grpo05b`` (150, alone on the machine): ``configs/tictactoe_grpo_vllm.yaml`` with ``rollout.backend=hf``
+6. ``rollout`` (75, alone, first of the speed phases; ``--phases env,build,rollout`` runs it on its own):
+   ``benchmarks/rollout.py`` on the phase-3 model, 64 bandit episodes x 2 turns, 32 new tokens, 2 rounds:
+   the rollout engine's policy tokens/s against transformers' own sampling ``generate`` (KV cache) on the
+   engine's prompts and lengths (issue 29's target: >= 0.9). Figures: the median ratio per wall second, the
+   engine's and transformers' tokens/s. First because it is short and its tokens/s say how long the
+   training phases' rollouts take, even if those run out of time (the first run, with it last, never got
+   there).
+7. ``grpo05b`` (150, alone on the machine): ``configs/tictactoe_grpo_vllm.yaml`` with ``rollout.backend=hf``
    on the phase-3 model, bf16, gradient checkpointing: 3 steps of 32 tasks x 8 episodes (256 episodes, up to
    64 new tokens per turn); the held-out evaluation cut to 8 episodes before and after, random baseline
    only. 64 tokens, not the config's 256: the random-initialised model never ends a turn early and loses
    each game to its fourth illegal move, so every episode is 4 turns of the full limit, and each rollout and
    each evaluation is 4 x the limit decode steps one after the other. With 256 (1,024 decode steps each) the
    first run on an H200 (2026-11-27) finished no step within the phase's 150 s.
-7. ``lora`` (135, alone): the same with ``model.lora.enabled=true`` (r 16 on every linear layer), 2 steps.
-8. ``rollout`` (75, alone, last: skipped if the budget is spent; ``--phases env,build,rollout`` runs it on its
-   own): ``benchmarks/rollout.py`` on the phase-3 model, 64 bandit episodes x 2 turns, 32 new tokens, 2
-   rounds: the rollout engine's policy tokens/s against transformers' own sampling ``generate`` (KV cache)
-   on the engine's prompts and lengths (issue 29's target: >= 0.9). Figures: the median ratio per wall
-   second, the engine's and transformers' tokens/s.
+8. ``lora`` (135, alone, last: skipped if the budget is spent): the same with ``model.lora.enabled=true`` (r 16
+   on every linear layer), 2 steps.
 
 A phase past its limit is first sent SIGUSR1, on which ``rl-llm`` and ``benchmarks/rollout.py`` print every
 thread's Python stack into the phase's log (``rl_llm/cli.py``), then stopped; the report shows the stacks'
 innermost frames, so a timeout says where the time went.
 
-Phases 2-5 share the machine, so their seconds are not speed figures. The speed figures are those of phases
-6-7, per step from the run's ``metrics.jsonl``; step 1 includes warm-up, so the summary is the median of the
+Phases 2-5 share the machine, so their seconds are not speed figures. The speed figures are phase 6's and
+those of phases 7-8, per step from the run's ``metrics.jsonl``; step 1 includes warm-up, so the summary is the median of the
 later steps:
 
 - ``rollout_s`` / ``update_s`` / ``step_s``: wall seconds of the rollout (generation and env steps), of the
@@ -82,7 +85,7 @@ installs this repository (``pip install --no-index --no-deps --no-build-isolatio
 ``rl_llm.trainers`` does not import. Without ``--setup`` nothing is installed.
 
 Output: plain lines, never wrapped: each phase's result as it ends (and the last lines of its log when it
-fails), the per-step lines of phases 6-7, then a summary table (phase, status, seconds, key figures), printed
+fails), the per-step lines of phases 7-8, then a summary table (phase, status, seconds, key figures), printed
 even when phases fail or time out. ``--out DIR`` receives ``gpu_check.json`` (every figure), each phase's
 log and the runs' small files (``metrics.jsonl``, ``summary.json``, ``config.yaml``...); models and
 checkpoints stay in ``--work`` (a temporary folder, removed at the end unless ``--keep``). The exit code is 1
@@ -118,7 +121,7 @@ from typing import Any, TextIO
 REPO = Path(__file__).resolve().parents[1]
 WHEELS = REPO / ".whl"
 SITE = Path("/tmp/site")
-PHASES = ("env", "tests", "build", "default", "tictactoe", "grpo05b", "lora", "rollout")
+PHASES = ("env", "tests", "build", "default", "tictactoe", "rollout", "grpo05b", "lora")
 # Progress stays on: through a pipe it is one plain line per finished step in the phase's log.
 QUIET = ["log.tensorboard=false", "log.plot=false"]
 # The tests where the device matters, less the long training runs that other phases do on the GPU anyway
@@ -500,17 +503,17 @@ class Check:
             built = wanted and self.guarded("build", lambda: self.finish_build(build))
             if "tests" in names:  # the speed phases below run alone
                 self.guarded("tests", lambda: self.finish_tests(tests))
-            for name, overrides in (("grpo05b", self.plan.grpo), ("lora", self.plan.lora)):
+            speed_phases: list[tuple[str, Callable[[], Any]]] = [
+                ("rollout", self.phase_rollout),
+                ("grpo05b", lambda: self.phase_grpo("grpo05b", self.plan.grpo)),
+                ("lora", lambda: self.phase_grpo("lora", self.plan.lora)),
+            ]
+            for name, phase in speed_phases:
                 if name in names and not built:
                     self.phases[name] = Phase(name, "skipped", note="no model: the build phase failed")
                     self.report(name)
                 elif name in names:
-                    self.guarded(name, lambda n=name, o=overrides: self.phase_grpo(n, o))
-            if "rollout" in names and not built:
-                self.phases["rollout"] = Phase("rollout", "skipped", note="no model: the build phase failed")
-                self.report("rollout")
-            elif "rollout" in names:
-                self.guarded("rollout", self.phase_rollout)
+                    self.guarded(name, phase)
         finally:
             for handle in background:  # still running only after an error of this script
                 if handle is not None and handle[0].poll() is None:
