@@ -26,8 +26,8 @@ started, and the check goes on; the whole check stops at ``--budget``, 480 s by 
    the rollout engine's policy tokens/s against transformers' own sampling ``generate`` (KV cache) on the
    engine's prompts and lengths (issue 29's target: >= 0.9). Figures: the median ratio per wall second, the
    engine's and transformers' tokens/s. First because it is short and its tokens/s say how long the
-   training phases' rollouts take, even if those run out of time (the first run, with it last, never got
-   there).
+   training phases' rollouts take, even if those run out of time (in the first run it came last and had 12 s
+   left).
 7. ``grpo05b`` (150, alone on the machine): ``configs/tictactoe_grpo_vllm.yaml`` with ``rollout.backend=hf``
    on the phase-3 model, bf16, gradient checkpointing: 3 steps of 32 tasks x 8 episodes (256 episodes, up to
    64 new tokens per turn); the held-out evaluation cut to 8 episodes before and after, random baseline
