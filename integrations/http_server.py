@@ -55,7 +55,7 @@ from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.envs.registration import env_ids
 from rl_llm.integrations.fast_routes import FastRoute, FastRoutes, answer_validation_errors_safely
 from rl_llm.integrations.generic import EnvFactory, action_from, jsonable, step_info
-from rl_llm.integrations.inline_calls import InlinePolicy, timed
+from rl_llm.integrations.inline_calls import InlinePolicy, LoopBatch, timed
 from rl_llm.integrations.ws_sessions import serve_session
 
 T = TypeVar("T")
@@ -182,6 +182,7 @@ class EnvServer:
         # Session ids start with this, so after a restart a client's old id gets a 404 that says so.
         self.instance_id = uuid.uuid4().hex[:8]
         self.inline_policy = InlinePolicy(budget_s=self.config.inline_budget_s)
+        self.ws_batch = LoopBatch()  # the WebSocket sessions' inline calls (inline_calls.py)
         self.app = self._build_app()
 
     # -- env calls in the pool, with a timeout ---------------------------------------------------------------
@@ -242,9 +243,10 @@ class EnvServer:
             raise HTTPException(409, f"session {session_id!r} is busy with another request")
         return session
 
-    async def _run_in_session(self, session: Session, fn: Callable[[], T], what: str) -> T:
-        """Run an env call for ``session``, inline if its kind has proved cheap, else on the pool; timeouts and
-        unexpected env errors close the session."""
+    async def _run_in_session(self, session: Session, fn: Callable[[], T], what: str, batched: bool = False) -> T:
+        """Run an env call for ``session``, inline if its kind has proved cheap (``batched``: in the loop's next
+        ``LoopBatch`` with other connections' calls), else on the pool; timeouts and unexpected env errors close
+        the session."""
         kind = (session.env_id, what)
         inline = self.inline_policy.inline(kind)
         if not inline and self._queued >= self.config.max_queued:
@@ -252,6 +254,8 @@ class EnvServer:
             raise HTTPException(503, f"server busy: {self._queued} env calls queued; retry", headers=RETRY_AFTER)
         session.busy = True
         try:
+            if inline and batched:
+                return await self.ws_batch.run(lambda: self._run_inline(session, fn, kind))
             if inline:
                 return self._run_inline(session, fn, kind)
             self._queued += 1
@@ -341,23 +345,23 @@ class EnvServer:
         if not future.cancelled() and future.exception() is None:
             self._close_env(future.result())
 
-    async def reset(self, session_id: str, request: ResetRequest) -> dict[str, Any]:
+    async def reset(self, session_id: str, request: ResetRequest, batched: bool = False) -> dict[str, Any]:
         session = self._session(session_id)
         session.episode_over = True  # until this reset succeeds
         observation, info = await self._run_in_session(
-            session, lambda: session.env.reset(seed=request.seed, options=request.options), "reset"
+            session, lambda: session.env.reset(seed=request.seed, options=request.options), "reset", batched
         )
         session.episode_over = False
         messages = [{"role": "system", "content": info.get("system_prompt", "")}, {"role": "user", "content": observation}]
         return {"session_id": session_id, "observation": observation, "info": jsonable(info), "messages": messages}
 
-    async def step(self, session_id: str, request: StepRequest) -> dict[str, Any]:
+    async def step(self, session_id: str, request: StepRequest, batched: bool = False) -> dict[str, Any]:
         action = request.action_text()
         session = self._session(session_id)
         if session.episode_over:
             raise HTTPException(409, f"session {session_id!r} has no episode running (it ended or never started); reset it")
         observation, reward, terminated, truncated, info = await self._run_in_session(
-            session, lambda: session.env.step(action), "step"
+            session, lambda: session.env.step(action), "step", batched
         )
         done = bool(terminated or truncated)
         session.episode_over = done

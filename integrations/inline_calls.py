@@ -15,6 +15,7 @@ to the end (a running call cannot be stopped), and the server then answers 504 i
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -125,3 +126,45 @@ class InlinePolicy:
 
     def close(self) -> None:
         self._stop.set()
+
+
+class LoopBatch:
+    """Inline calls of many connections, run back to back in one event-loop callback instead of each in its own
+    connection's task: at most ``cap`` per callback, in the order they came, the rest in the next callback.
+
+    Why: under load an env's step costs the server about 2.5x its cost in a tight loop (docs/serving.md): between
+    two steps the loop runs a whole message's network and JSON code, and the env's code is cold again. Run back
+    to back, the steps of the connections whose messages arrived together stay warm. Measured on the env server's
+    WebSocket endpoint, 64 and 256 clients: server CPU per call 57-64 -> 50-58 us, p99 lower (docs/serving.md).
+    The cap bounds what one callback holds the loop for (unbounded, p99 at 256 clients doubled).
+
+    A call whose waiter was cancelled before its turn (its connection went away) is not run at all: the session
+    it belongs to may be closing, and nobody waits for its answer.
+    """
+
+    def __init__(self, cap: int = 32) -> None:
+        self.cap = cap
+        self._pending: list[tuple[Callable[[], object], asyncio.Future]] = []
+
+    def run(self, call: Callable[[], T]) -> asyncio.Future[T]:
+        """Queue ``call`` for the loop's next batch; await the result (or its exception)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._pending.append((call, future))
+        if len(self._pending) == 1:
+            loop.call_soon(self._run_batch)
+        return future
+
+    def _run_batch(self) -> None:
+        batch, self._pending = self._pending[: self.cap], self._pending[self.cap :]
+        if self._pending:  # after the connections this batch answers have had their turn
+            asyncio.get_running_loop().call_soon(self._run_batch)
+        for call, future in batch:
+            if future.cancelled():
+                continue
+            try:
+                result = call()
+            except BaseException as error:  # handed to the waiter, which turns it into its HTTP answer
+                future.set_exception(error)
+            else:
+                future.set_result(result)

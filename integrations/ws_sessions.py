@@ -1,7 +1,8 @@
 """The env server's WebSocket endpoint, ``/sessions/ws``: one connection holds one session for its episodes.
 
 A client that keeps a connection per episode skips HTTP's per-request parsing and routing; the env calls, the
-timeouts, the session limits and the reaper are the HTTP endpoints' own (docs/serving.md#websocket-sessions).
+timeouts, the session limits and the reaper are the HTTP endpoints' own, except that inline env calls of many
+connections run back to back in one loop callback (``LoopBatch``, docs/serving.md#websocket-sessions).
 Messages are JSON text frames; every request gets exactly one reply, in order:
 
 - ``{"op": "create", "env_id", "kwargs"?}`` or ``{"op": "attach", "session_id"}`` -> ``{"session_id"}``
@@ -55,7 +56,7 @@ async def serve_session(server: EnvServer, socket: WebSocket) -> None:
                 if op in ("create", "attach") and session_id is not None:
                     raise HTTPException(409, f"this connection already holds session {session_id!r}")
                 if op == "step" and session_id is not None:
-                    reply: dict[str, Any] = await server.step(session_id, step or StepRequest(**message))
+                    reply: dict[str, Any] = await server.step(session_id, step or StepRequest(**message), batched=True)
                 elif op == "create":
                     session_id = (await server.create(CreateRequest(**{**message, "count": 1})))[0]
                     owned = True
@@ -66,7 +67,7 @@ async def serve_session(server: EnvServer, socket: WebSocket) -> None:
                 elif op in ("reset", "step", "close") and session_id is None:
                     raise HTTPException(409, "no session yet: send {'op': 'create', 'env_id': ...} first")
                 elif op == "reset":
-                    reply = await server.reset(session_id, ResetRequest(**message))
+                    reply = await server.reset(session_id, ResetRequest(**message), batched=True)
                 elif op == "close":
                     await server.close(session_id)
                     await send({"type": "websocket.send", "text": _encode({"session_id": session_id, "closed": True})})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -21,7 +22,7 @@ from websockets.sync import client as websockets_sync
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.integrations.generic import EnvFactory
 from rl_llm.integrations.http_server import BackgroundServer, EnvServer, ServerConfig
-from rl_llm.integrations.inline_calls import InlinePolicy
+from rl_llm.integrations.inline_calls import InlinePolicy, LoopBatch
 from tests.integrations.test_http_server import BANDIT, HANG, TTT, serve, wait_until
 
 SLOW = "test/Slow-v0"
@@ -117,6 +118,31 @@ def test_inline_policy_promotes_after_a_fast_streak_and_demotes_a_slow_kind_for_
         policy.pooled(kind, 0.0001)
     assert not policy.inline(kind)  # max_demotions reached: the pool for good
     assert not InlinePolicy(budget_s=0).inline(kind)
+
+
+def test_loop_batch_runs_calls_in_order_a_capped_batch_per_callback_and_skips_cancelled_ones() -> None:
+    async def play() -> tuple[list[Any], list[Any]]:
+        batch, ran = LoopBatch(cap=2), []
+
+        def call(index: int) -> Any:
+            def run() -> int:
+                ran.append(index)
+                if index == 3:
+                    raise ValueError("three")
+                return 10 * index
+
+            return run
+
+        futures = [batch.run(call(index)) for index in range(6)]
+        asyncio.get_running_loop().call_soon(ran.append, "other")  # another connection's callback
+        futures[4].cancel()  # its connection went away before its turn: not run at all
+        return ran, await asyncio.gather(*futures, return_exceptions=True)
+
+    ran, results = asyncio.run(play())
+    # Two per callback; the rest wait behind the callbacks queued meanwhile.
+    assert ran == [0, 1, "other", 2, 3, 5]
+    assert results[:3] == [0, 10, 20] and results[5] == 50
+    assert isinstance(results[3], ValueError) and isinstance(results[4], asyncio.CancelledError)
 
 
 def make_slow(env_id: str, kwargs: dict[str, Any]) -> Any:
