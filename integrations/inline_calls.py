@@ -164,7 +164,9 @@ class LoopBatch:
                 continue
             try:
                 result = call()
-            except BaseException as error:  # handed to the waiter, which turns it into its HTTP answer
+            except StopIteration as error:  # a future refuses it (PEP 479's rule): the same error, wrapped
+                future.set_exception(RuntimeError(f"StopIteration: {error}"))
+            except Exception as error:  # handed to the waiter, which turns it into its HTTP answer
                 future.set_exception(error)
             else:
                 future.set_result(result)

@@ -129,6 +129,8 @@ def test_loop_batch_runs_calls_in_order_a_capped_batch_per_callback_and_skips_ca
                 ran.append(index)
                 if index == 3:
                     raise ValueError("three")
+                if index == 2:
+                    raise StopIteration("an env's exhausted iterator")  # a future refuses StopIteration itself
                 return 10 * index
 
             return run
@@ -141,7 +143,8 @@ def test_loop_batch_runs_calls_in_order_a_capped_batch_per_callback_and_skips_ca
     ran, results = asyncio.run(play())
     # Two per callback; the rest wait behind the callbacks queued meanwhile.
     assert ran == [0, 1, "other", 2, 3, 5]
-    assert results[:3] == [0, 10, 20] and results[5] == 50
+    assert results[:2] == [0, 10] and results[5] == 50
+    assert isinstance(results[2], RuntimeError) and "StopIteration: an env's exhausted iterator" in str(results[2])
     assert isinstance(results[3], ValueError) and isinstance(results[4], asyncio.CancelledError)
 
 
