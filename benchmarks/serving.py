@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib.util
 import json
 import os
@@ -250,9 +251,7 @@ def web_flags(args: argparse.Namespace) -> list[str]:
 def serve(kind: str, port: int, flags: list[str]) -> None:
     """One server of the benchmark; every one with the same web-server settings as the servers' own ``main``
     (no access log; WebSocket compression only with ``--ws-compression``; the loop and HTTP parser named)."""
-    import uvicorn
-
-    from rl_llm.integrations.http_server import add_web_server_flags, web_server_options
+    from rl_llm.integrations.http_server import add_web_server_flags, run_web_server
 
     if kind == "openenv-replay":
         serve_openenv_replay(port, flags)
@@ -260,7 +259,9 @@ def serve(kind: str, port: int, flags: list[str]) -> None:
         app = bare_app() if kind == "bare" else replay_server()
         parser = argparse.ArgumentParser()
         add_web_server_flags(parser)
-        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", **web_server_options(parser.parse_args(flags)))
+        args = parser.parse_args(flags)
+        args.host, args.port = "127.0.0.1", port
+        run_web_server(app, args, log_level="warning")  # the servers' own start, frozen heap included
     else:
         from rl_llm.integrations.http_server import main
 
@@ -354,6 +355,11 @@ async def run_load(clients: int, seconds: float, episode: Callable[[Any, Callabl
     connector = aiohttp.TCPConnector(limit=clients + 8)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as http:
         states = await asyncio.gather(*(setup(http) for _ in range(clients)))
+        # The client's own full collections stopped every client at once for 130-150 ms (aiohttp and
+        # openenv-core make a large heap), a stall charged to whichever server was measured then: frozen
+        # for the timed seconds, as the servers freeze theirs (http_server.run_web_server).
+        gc.collect()
+        gc.freeze()
         start, server_before, client_before = time.perf_counter(), cpu_s(pid) if pid else 0.0, time.process_time()
         stop = start + seconds
 
@@ -371,6 +377,7 @@ async def run_load(clients: int, seconds: float, episode: Callable[[Any, Callabl
         await asyncio.gather(*(client(state) for state in states))
         elapsed = time.perf_counter() - start
         server_cpu, client_cpu = (cpu_s(pid) if pid else 0.0) - server_before, time.process_time() - client_before
+        gc.unfreeze()
         for state in states:  # a clean goodbye, so servers do not log dropped connections
             if hasattr(state, "close"):
                 await state.close()
@@ -485,8 +492,16 @@ EPISODES = {"http": http_episode, "http-replay": http_episode, "ws": ws_episode,
             "openenv-http-replay": openenv_http_episode, "openenv-ws-replay": openenv_ws_episode}  # fmt: skip
 
 
+WARM_UP_S = 0.3
+
+
 def measure(url: str, clients: int, seconds: float, proto: str = "http", pid: int | None = None) -> Point:
+    """One point, after ``WARM_UP_S`` of one client playing episodes untimed. A server proves each kind of env
+    call cheap on its worker pool before running it inline (docs/serving.md#inline-calls): hit cold by 1,000
+    clients at once, it answered their first 1,800 calls from the pool, about half a second of queueing that
+    was most of the point's p99, paid once per server start (docs/serving.md#measurements)."""
     setup, episode = EPISODES[proto](url)
+    asyncio.run(run_load(1, WARM_UP_S, episode, setup))
     return asyncio.run(run_load(clients, seconds, episode, setup, pid))
 
 

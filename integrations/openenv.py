@@ -417,7 +417,7 @@ def parse_kwargs(pairs: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from rl_llm.integrations.http_server import add_web_server_flags, web_server_options
+    from rl_llm.integrations.http_server import add_web_server_flags, run_web_server
 
     parser = argparse.ArgumentParser(description="Serve one rl-llm environment with OpenEnv's server.")
     parser.add_argument(
@@ -435,15 +435,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-episodes", type=int, default=256, help="plain-HTTP episodes kept at once")
     add_web_server_flags(parser)
     args = parser.parse_args(argv)
-    import uvicorn
-
     try:
         app = create_openenv_app(
             args.env, parse_kwargs(args.kwarg), args.max_sessions, args.max_episodes, args.episode_ttl_s
         )
     except (ValueError, TypeError) as error:  # a bad id or option: one line, not a traceback
         raise SystemExit(f"error: cannot serve {args.env}: {error}") from None
-    uvicorn.run(app, host=args.host, port=args.port, **web_server_options(args))
+    run_web_server(app, args)
 
 
 if __name__ == "__main__":
