@@ -134,6 +134,34 @@ def test_a_stopped_phase_says_where_it_was(gpu_check: ModuleType, tmp_path: Path
     assert not any("threading.py" in line for line in summary), "the idle thread is left out"
 
 
+# Phases that are past their limit when the check asks for their stacks: one ends on its own in that moment
+# (modelled: it exits 0 on the request), one keeps running, one has no stack handler (SIGUSR1 ends it).
+PAST_ITS_LIMIT = {
+    "ends": "import signal, sys, time\nsignal.signal(signal.SIGUSR1, lambda *_: sys.exit(0))\ntime.sleep(600)",
+    "keeps_running": "import signal, time\nsignal.signal(signal.SIGUSR1, signal.SIG_IGN)\ntime.sleep(600)",
+    "no_handler": "import time\ntime.sleep(600)",
+}
+
+
+def test_a_phase_that_ends_as_its_stacks_are_asked_for_is_not_reported_as_stopped(
+    gpu_check: ModuleType, tmp_path: Path
+) -> None:
+    import argparse
+    import dataclasses
+
+    args = argparse.Namespace(quick=True, tests="none", out=str(tmp_path / "out"), work=str(tmp_path / "work"),
+                              budget=600)  # fmt: skip
+    check = gpu_check.Check(args, cli_env())
+    check.plan = dataclasses.replace(check.plan, limits=dict.fromkeys(PAST_ITS_LIMIT, 5.0))
+    codes = {name: check.run(name, [sys.executable, "-c", code]) for name, code in PAST_ITS_LIMIT.items()}
+    phases = check.phases
+    assert codes["ends"] == 0 and phases["ends"].status == "ok", phases["ends"]
+    assert "ended just past its limit of 5 s" in phases["ends"].note
+    for name in ("keeps_running", "no_handler"):
+        assert codes[name] is None and phases[name].status == "timeout", phases[name]
+        assert phases[name].note == "stopped after 5 s"
+
+
 def test_stack_summary_reads_the_last_dump_only(gpu_check: ModuleType) -> None:
     dump = [
         "Thread 0x00007f01 (most recent call first):",
