@@ -76,4 +76,11 @@ class RetrieverClient:
             raise RetrievalError(f"retriever at {self.url} sent invalid JSON") from exc
 
     def close(self) -> None:
+        """Close its pooled HTTP connections; an env that made this client from a URL closes it on ``close()``."""
         self._http.close()
+
+    def __enter__(self) -> RetrieverClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

@@ -55,6 +55,12 @@ def resolve_retriever(retriever: Retriever | str, corpus: str | os.PathLike[str]
     return retriever
 
 
+def made_from_url(retriever: Retriever, spec: Retriever | str) -> bool:
+    """Whether ``resolve_retriever`` made ``retriever`` from ``spec`` as a client of a server URL: the env then
+    owns its HTTP connections and closes them on ``close()`` (a retriever passed in stays its owner's)."""
+    return isinstance(spec, str) and isinstance(retriever, RetrieverClient)
+
+
 def retrieve_or_explain(retriever: Retriever, query: str, k: int) -> tuple[list[Any], str]:
     """Hits for one query, or no hits and the reason the search failed (shown to the agent)."""
     try:

@@ -11,7 +11,12 @@ from rl_llm.envs.parsing import Block, scan_blocks, truncate_middle
 from rl_llm.envs.qa_scoring import answer_in_texts, exact_match, f1_score, normalize_answer
 from rl_llm.envs.retrieval import Retriever, load_qa
 from rl_llm.envs.retrieval.corpus import QAExample
-from rl_llm.envs.retrieval.shared import MAX_QUERY_CHARS, resolve_retriever, retrieve_or_explain
+from rl_llm.envs.retrieval.shared import (
+    MAX_QUERY_CHARS,
+    made_from_url,
+    resolve_retriever,
+    retrieve_or_explain,
+)
 from rl_llm.envs.search.protocols import (
     PER_TURN_REWARDS,
     PROTOCOLS,
@@ -115,6 +120,7 @@ class SearchEnv(TextEnv):
             raise ValueError(f"no questions left (hops={hops})")
         self.tasks: list[QAExample] = tasks
         self.retriever = resolve_retriever(retriever, corpus, kb_seed, cache_dir)
+        self._owns_retriever = made_from_url(self.retriever, retriever)
 
     # -- episode -----------------------------------------------------------------------------------------
     def _reset(self, options: dict[str, Any]) -> Task:
@@ -214,6 +220,11 @@ class SearchEnv(TextEnv):
             "invalid_actions": float(self.invalid_actions),
             "retrieval_hit": float(self.retrieval_hit),
         }
+
+    def close(self) -> None:
+        if self._owns_retriever:
+            self.retriever.close()
+        super().close()
 
 
 def _cut_inside(observation: str, tags: tuple[str, str], limit: int) -> str:

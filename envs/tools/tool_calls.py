@@ -11,7 +11,12 @@ from rl_llm.envs.knowledge import TOOL_TASK_KINDS, ToolTask, bundled_kb
 from rl_llm.envs.parsing import Block, ToolCall, parse_json_tool_calls, scan_blocks, truncate_middle
 from rl_llm.envs.qa_scoring import numeric_or_exact_match
 from rl_llm.envs.retrieval import Retriever, format_passages
-from rl_llm.envs.retrieval.shared import MAX_QUERY_CHARS, resolve_retriever, retrieve_or_explain
+from rl_llm.envs.retrieval.shared import (
+    MAX_QUERY_CHARS,
+    made_from_url,
+    resolve_retriever,
+    retrieve_or_explain,
+)
 from rl_llm.envs.tools import TOOLS, CalculatorError, PythonTool, ToolUnavailable, calculate, format_number
 from rl_llm.envs.tools.specs import validate_arguments
 
@@ -92,6 +97,7 @@ class ToolCallsEnv(TextEnv):
         if not self.tasks:
             raise ValueError(f"no task can be solved with tools={tools} and kinds={kinds}")
         self.retriever = resolve_retriever(retriever, None, kb_seed, cache_dir) if "search" in tools else None
+        self._owns_retriever = self.retriever is not None and made_from_url(self.retriever, retriever)
         self.python = (PythonTool(timeout=python_timeout, backend=sandbox_backend)
                        if "python" in tools else None)  # fmt: skip
         self._markers = {name: (f"<{name}>", f"</{name}>") for name in (*TOOLS, "tool_call", "answer")}
@@ -209,6 +215,8 @@ class ToolCallsEnv(TextEnv):
     def close(self) -> None:
         if self.python is not None:
             self.python.close()
+        if self._owns_retriever:
+            self.retriever.close()
         super().close()
 
 

@@ -53,7 +53,8 @@ def test_concurrent_clients_get_the_same_results_as_the_in_process_index(server,
     assert not errors
     for worker, rows in results.items():
         assert rows == expected[worker::8]
-    health = RetrieverClient(server.url).health()
+    with RetrieverClient(server.url) as client:
+        health = client.health()
     assert health["status"] == "ok" and health["passages"] == len(bundled_kb().passages)
     assert health["requests"] == 8 * 5
     assert health["batches"] < health["requests"]  # concurrent requests were answered together
@@ -63,7 +64,8 @@ def test_a_client_in_another_process_shares_the_server(server, retriever) -> Non
     code = (
         "import sys, json\n"
         "from rl_llm.envs.retrieval import RetrieverClient\n"
-        "hits = RetrieverClient(sys.argv[1]).search_batch(sys.argv[2:], 2)\n"
+        "with RetrieverClient(sys.argv[1]) as client:\n"
+        "    hits = client.search_batch(sys.argv[2:], 2)\n"
         "print(json.dumps([[h.passage.id for h in row] for row in hits]))\n"
     )
     queries = [p.title for p in bundled_kb().passages[100:103]]
@@ -87,7 +89,8 @@ def test_bad_requests_get_clear_errors(server) -> None:
         plain = http.post(server.url + "/retrieve", json={"queries": [bundled_kb().passages[0].title], "topk": 1,
                                                             "return_scores": False})  # fmt: skip
         assert plain.json()["result"][0][0]["title"] == bundled_kb().passages[0].title  # Search-R1 layout
-    assert RetrieverClient(server.url).search_batch([], 3) == []
+    with RetrieverClient(server.url) as client:
+        assert client.search_batch([], 3) == []
 
 
 @pytest.mark.parametrize("length", ["-1", "twelve"])
@@ -106,8 +109,8 @@ def test_client_reports_an_unreachable_server(retriever) -> None:
     server = RetrieverServer(retriever).start()
     url = server.url
     server.stop()
-    with pytest.raises(RetrievalError, match="unreachable"):
-        RetrieverClient(url, timeout=2).search("anything")
+    with pytest.raises(RetrievalError, match="unreachable"), RetrieverClient(url, timeout=2) as client:
+        client.search("anything")
     with pytest.raises(ValueError, match="http://"):
         RetrieverClient("localhost:8000")
 
@@ -121,6 +124,8 @@ def test_search_env_through_the_server_matches_the_in_process_index(server) -> N
     for query in question.oracle_queries:
         assert remote.step(f"<search>{query}</search>")[0] == local.step(f"<search>{query}</search>")[0]
     assert remote.step(f"<answer>{question.answers[0]}</answer>")[1] == 1.0
+    remote.close()
+    local.close()
 
 
 def test_search_env_reports_a_dead_server_as_an_observation(retriever) -> None:
@@ -131,3 +136,21 @@ def test_search_env_reports_a_dead_server_as_an_observation(retriever) -> None:
     observation, _, terminated, _, info = env.step("<search>anything</search>")
     assert "search failed" in observation and "unreachable" in observation
     assert not terminated and info["metrics"]["tool_calls"] == 1
+    env.close()
+
+
+@pytest.mark.parametrize("env_id", ["rl-llm/Search-v0", "rl-llm/ToolCalls-v0"])
+def test_an_env_closes_the_client_it_made_from_a_url_and_leaves_one_passed_in_open(server, env_id) -> None:
+    """A URL spec makes the env a pooled HTTP client, its own: ``close()`` closes its connections (before, they
+    stayed open until the env was garbage collected: a leak with many sessions on one server). A client
+    passed in is its owner's and still works after the env is closed."""
+    made = gym.make(env_id, retriever=server.url)
+    client = made.unwrapped.retriever
+    assert isinstance(client, RetrieverClient) and client.search_batch(["Paris"], 1)
+    made.close()
+    with pytest.raises(RuntimeError, match="client has been closed"):
+        client.search("Paris")
+    with RetrieverClient(server.url) as mine:
+        passed = gym.make(env_id, retriever=mine)
+        passed.close()
+        assert mine.search_batch(["Paris"], 1)
