@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import re
 import threading
 import time
@@ -558,7 +559,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def add_web_server_flags(parser: argparse.ArgumentParser) -> None:
     """The uvicorn settings both env servers take (docs/serving.md#web-server-settings)."""
-    parser.add_argument("--access-log", action="store_true", help="log every request (off: it costs ~20%% of a call)")
+    parser.add_argument("--access-log", action="store_true",
+                        help="log every request and WebSocket connection (off: it costs ~20%% of a call)")
     parser.add_argument("--loop", choices=["auto", *WEB_STACK_MODULES["loop"]], default="auto",
                         help="event loop (auto: uvloop where installed, as rl-llm[server] does; else asyncio's)")
     parser.add_argument("--http", choices=["auto", *WEB_STACK_MODULES["http"]], default="auto",
@@ -591,6 +593,16 @@ def web_server_options(args: argparse.Namespace) -> dict[str, Any]:
             "http": args.http}  # fmt: skip
 
 
+def quiet_connections(record: logging.LogRecord) -> bool:
+    """A filter for uvicorn's server log: drops the INFO lines it writes for every WebSocket connection
+    (``"WebSocket /ws" [accepted]``, then the websockets library's ``connection open`` and ``connection
+    closed`` on some ways a connection ends), which are an access log by another name: two or three lines per
+    connection, thousands when 1,000 clients connect. ``--access-log`` keeps them; refusals (``403``), warnings and errors always pass."""
+    if record.levelno != logging.INFO or not isinstance(record.msg, str):
+        return True
+    return record.msg not in ("connection open", "connection closed") and not record.msg.endswith('" [accepted]')
+
+
 def run_web_server(app: Any, args: argparse.Namespace, **uvicorn_options: Any) -> None:
     """Serve ``app`` with uvicorn on ``args.host``/``args.port`` and the flags of ``add_web_server_flags``,
     until stopped, with the start-up heap frozen first.
@@ -608,6 +620,8 @@ def run_web_server(app: Any, args: argparse.Namespace, **uvicorn_options: Any) -
     import uvicorn
 
     options = web_server_options(args)
+    if not args.access_log:
+        logging.getLogger("uvicorn.error").addFilter(quiet_connections)
     gc.collect()  # garbage now is not frozen with the rest
     gc.freeze()
     uvicorn.run(app, host=args.host, port=args.port, **options, **uvicorn_options)

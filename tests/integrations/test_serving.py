@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -287,6 +289,35 @@ def test_web_stack_flags_reach_uvicorn_and_a_missing_package_is_named(monkeypatc
     with pytest.raises(SystemExit, match=r"--loop uvloop needs the uvloop package: pip install 'rl-llm\[server\]'"):
         web_server_options(parser.parse_args(["--loop", "uvloop"]))
     web_server_options(parser.parse_args(["--http", "httptools"]))  # the other one is still found
+
+
+@pytest.mark.parametrize("access_log", [False, True])
+def test_websocket_connections_are_logged_only_with_the_access_log(access_log: bool, tmp_path: Any) -> None:
+    """uvicorn writes INFO lines for every WebSocket connection (accepted, open, and on some ways of ending,
+    closed): an access log by another name, so they follow ``--access-log``; the server's own start-up lines
+    are written either way."""
+    from tests.integrations.test_serving_faults import free_port
+
+    port, log_path = free_port(), tmp_path / "server.log"
+    with log_path.open("wb") as log:
+        command = [sys.executable, "-m", "rl_llm.integrations.http_server", "--port", str(port), "--env", BANDIT,
+                   *(["--access-log"] if access_log else [])]  # fmt: skip
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            assert wait_until(lambda: "Uvicorn running" in log_path.read_text(), timeout=60), log_path.read_text()
+            with websockets_sync.connect(f"ws://127.0.0.1:{port}/sessions/ws") as socket:
+                assert "session_id" in ws_call(socket, op="create", env_id=BANDIT)
+                assert ws_call(socket, op="close")["closed"] is True
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=30)
+        finally:
+            process.terminate()
+            process.wait(30)
+    text = log_path.read_text()
+    assert "Application startup complete" in text and "Uvicorn running" in text
+    per_connection = ['"WebSocket /sessions/ws" [accepted]', "connection open"]
+    assert [line in text for line in per_connection] == [access_log] * 2, text
+    assert access_log or "connection closed" not in text, text  # written on some ways a connection ends
+    assert ('"GET /health HTTP/1.1" 200' in text) is access_log, text
 
 
 @pytest.mark.parametrize("module", ["rl_llm.integrations.http_server", "rl_llm.integrations.openenv"])
