@@ -51,6 +51,11 @@ class TextEnv(gym.Env[str, str]):
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "human"], "render_fps": 4}
     #: Stop strings a generator should use for this env (closing tags of actions).
     stop: ClassVar[tuple[str, ...]] = ()
+    #: The keys of ``reset(options=...)`` this env reads. Any other key is refused with a ValueError naming
+    #: these, before the env changes state: a misspelt option (a curriculum's ``via: reset`` option among
+    #: them) would otherwise be ignored without a word. None, for a subclass that does not say, passes every
+    #: key through, as Gymnasium's envs do.
+    reset_options: ClassVar[frozenset[str] | None] = None
 
     def __init__(self, *, max_turns: int, render_mode: str | None = None) -> None:
         if max_turns < 1:
@@ -75,10 +80,15 @@ class TextEnv(gym.Env[str, str]):
 
     # -- Gymnasium API ----------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        options = dict(options or {})
+        if self.reset_options is not None and not options.keys() <= self.reset_options:
+            unknown = ", ".join(repr(key) for key in options if key not in self.reset_options)
+            takes = ", ".join(sorted(self.reset_options)) or "none"
+            raise ValueError(f"{type(self).__name__} takes no reset option {unknown}; its reset options are {takes}")
         super().reset(seed=seed)
         self._turn = 0
         self._episode_over = True  # until the new episode is set up: a failed _reset leaves none to step
-        task = self._reset(dict(options or {}))
+        task = self._reset(options)
         self._episode_over = False
         self._transcript = [("system", task.system_prompt), ("user", task.observation)]
         info = {"system_prompt": task.system_prompt, "task_id": task.task_id, "stop": list(self.stop), **task.info}

@@ -156,6 +156,29 @@ def _read_options(creator: Any) -> tuple[str, ...] | None:
 _cached_options = functools.lru_cache(maxsize=256)(_read_options)
 
 
+def env_creator(env_id: str) -> Any:
+    """What builds ``env_id`` (a registered id, Gymnasium's ``module:id`` form, or ``social/<game>``): its class
+    or factory, loaded, nothing built."""
+    from gymnasium.envs.registration import load_env_creator
+
+    if env_id.startswith("social/"):
+        from rl_llm.envs.social import load
+
+        return load(env_id.removeprefix("social/")).raw_env
+    entry = gym.spec(registered_id(env_id)).entry_point
+    return load_env_creator(entry) if isinstance(entry, str) else entry
+
+
+def declared_reset_options(env_id: str) -> frozenset[str] | None:
+    """The ``reset(options=...)`` keys ``env_id``'s class reads (``TextEnv.reset_options``); None when it does
+    not say (every key passes) or the id is not registered."""
+    try:
+        creator = env_creator(env_id)
+    except gym.error.Error:
+        return None
+    return getattr(creator, "reset_options", None)
+
+
 def check_env_kwargs(env_id: str, kwargs: dict[str, Any], also_takes: tuple[str, ...] = ()) -> None:
     """Raise ``ValueError`` naming the env's options when ``kwargs`` holds a name its constructor does not take
     (read from the signature: nothing is built). ``env_id`` is a registered id, Gymnasium's ``module:id`` form,
@@ -163,16 +186,7 @@ def check_env_kwargs(env_id: str, kwargs: dict[str, Any], also_takes: tuple[str,
     (a served game seat's ``opponent``). A constructor that takes ``**kwargs``, or whose signature cannot be
     read, passes: the env itself says what is wrong there. Without this, a misspelt option is a TypeError deep
     in a rollout, or a server's traceback."""
-    from gymnasium.envs.registration import load_env_creator
-
-    if env_id.startswith("social/"):
-        from rl_llm.envs.social import load
-
-        creator: Any = load(env_id.removeprefix("social/")).raw_env
-    else:
-        entry = gym.spec(registered_id(env_id)).entry_point
-        creator = load_env_creator(entry) if isinstance(entry, str) else entry
-    options = constructor_options(creator)
+    options = constructor_options(env_creator(env_id))
     if options is None:
         return
     names = [*also_takes, *options]

@@ -66,6 +66,7 @@ class CurriculumConfig:
 
 def check_curriculum_config(config: Any) -> None:
     """Refuse what cannot run, with the key's name (``config`` is the whole TrainConfig)."""
+    from rl_llm.envs.registration import declared_reset_options
     from rl_llm.trainers.config import ConfigError  # lazy: config imports this module
 
     cur: CurriculumConfig = config.curriculum
@@ -90,6 +91,14 @@ def check_curriculum_config(config: Any) -> None:
             raise ConfigError("curriculum: need window >= 1 and 0 <= demote_at < promote_at <= 1")
         if not 0 <= cur.review_frac < 1:
             raise ConfigError(f"curriculum.review_frac must be in [0, 1), got {cur.review_frac}")
+    # The reset option the curriculum sets must be one the env reads, or every level/pool is the same episode.
+    option = "task_index" if cur.kind == "pools" else cur.option if cur.via == "reset" else None
+    takes = declared_reset_options(config.env.id) if option else None
+    if takes is not None and option not in takes:
+        what = "curriculum.kind=pools picks tasks by" if cur.kind == "pools" else "curriculum.option is"
+        raise ConfigError(f"{what} the reset option {option!r}, which {config.env.id} does not read; its reset "
+                          f"options are {', '.join(sorted(takes)) or 'none'}"
+                          + ("" if cur.kind == "pools" else " (curriculum.via=kwargs sets a constructor argument)"))
     if cur.kind == "pools":
         if set(cur.pool_weights) - {"easy", "normal", "hard"} or any(w < 0 for w in cur.pool_weights.values()) \
                 or sum(cur.pool_weights.values()) <= 0:  # fmt: skip

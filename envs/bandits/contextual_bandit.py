@@ -71,6 +71,8 @@ class ContextualBanditEnv(BanditEnv):
     - v0: initial release.
     """
 
+    reset_options = frozenset()
+
     env_name = "ContextualBandit"
 
     def __init__(

@@ -53,6 +53,8 @@ class MultiArmedBanditEnv(BanditEnv):
     - v0: initial release.
     """
 
+    reset_options = frozenset({"means"})
+
     env_name = "MultiArmedBandit"
 
     def __init__(

@@ -76,6 +76,8 @@ class MathEnv(TextEnv):
     - v0: initial release.
     """
 
+    reset_options = frozenset({"family"})
+
     def __init__(
         self,
         families: Sequence[str] = tuple(FAMILIES),

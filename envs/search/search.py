@@ -82,6 +82,8 @@ class SearchEnv(TextEnv):
     - v0: initial release.
     """
 
+    reset_options = frozenset({"task_index"})
+
     def __init__(
         self,
         corpus: str | os.PathLike[str] | None = None,

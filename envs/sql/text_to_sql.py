@@ -116,6 +116,8 @@ class TextToSQLEnv(TextEnv):
     - v0: initial release.
     """
 
+    reset_options = frozenset({"task_index"})
+
     stop = ("</sql>", "</solution>")
 
     def __init__(

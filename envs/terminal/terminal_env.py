@@ -125,6 +125,8 @@ class TerminalEnv(TextEnv):
     - v0: initial release.
     """
 
+    reset_options = frozenset({"task", "task_index", "task_family", "difficulty"})
+
     stop = ("</command>", "</action>")
 
     def __init__(

@@ -82,6 +82,8 @@ class TicTacToeEnv(TextEnv):
     - v0: initial release; ``cell_names`` added later (the default keeps the original observations).
     """
 
+    reset_options = frozenset({"agent_mark"})
+
     stop = ("</move>",)
 
     def __init__(

@@ -63,6 +63,8 @@ class ToolCallsEnv(TextEnv):
     - v0: initial release.
     """
 
+    reset_options = frozenset({"task_index"})
+
     stop = ("</search>", "</calculator>", "</python>", "</tool_call>", "</answer>")
 
     def __init__(

@@ -96,6 +96,30 @@ def test_an_option_the_env_does_not_take_is_one_clear_error(env_id: str) -> None
         EnvFactory(env_id, no_such_option=1)()
 
 
+@ALL_ENVS
+def test_a_reset_option_the_env_does_not_read_is_refused_and_the_episode_goes_on(env_id: str) -> None:
+    """Every shipped env says which reset options it reads; any other key (a misspelt option) is one clear
+    ValueError naming them, raised before the env changes: the running episode goes on as if nothing came."""
+    from rl_llm.envs.registration import declared_reset_options
+
+    takes = declared_reset_options(env_id)
+    if env_id.startswith("rl-llm/"):
+        assert takes is not None, f"{env_id} does not declare its reset options"
+    if takes is None:
+        pytest.skip(f"{env_id} passes every reset option through")
+    env = make(env_id)
+    env.reset(seed=5)
+    expected = rf"takes no reset option 'no_such_option'; its reset options are {', '.join(sorted(takes)) or 'none'}$"
+    with pytest.raises(ValueError, match=expected):
+        env.reset(seed=6, options={"no_such_option": 1})
+    alone = make(env_id)
+    alone.reset(seed=5)
+    action = "<answer>42</answer>"
+    assert env.step(action)[:4] == alone.step(action)[:4]  # the seed-5 episode, untouched by the refusal
+    env.close()
+    alone.close()
+
+
 def test_constructor_options_are_read_once_and_unhashable_constructors_still_read() -> None:
     from rl_llm.envs.registration import _cached_options, constructor_options
 

@@ -329,7 +329,8 @@ def ws_differential_messages() -> list[str]:
         '{"type": "reset", "data": {"seed": NaN}}',
         message("reset", {"seed": 4, "episode_id": "e1"}),
         *whole_game,
-        message("reset", {"seed": 6, "options": {"task_index": 0}}),
+        message("reset", {"seed": 6, "options": {"task_index": 0}}),  # refused: TicTacToe has no such option
+        message("reset", {"seed": 6, "options": {"agent_mark": "X"}}),
         message("step", {"message": "<move>A1</move>", "opponent_message": "<move>B2</move>"}),
         message("step", {"message": 5}),
         message("step", {"text": "B2"}),

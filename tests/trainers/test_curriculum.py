@@ -75,7 +75,8 @@ def test_the_sampler_state_survives_a_checkpoint() -> None:
     assert restored.options_for(9) == sampler.options_for(9)
 
 
-POOLS = [*TICTACTOE, "curriculum.kind=pools", "curriculum.num_tasks=6", "curriculum.ema=1.0"]
+SQL = ["env.id=rl-llm/TextToSQL-v0"]  # an env with a task set (reset option task_index), as pools need
+POOLS = [*SQL, "curriculum.kind=pools", "curriculum.num_tasks=6", "curriculum.ema=1.0"]
 
 
 def test_pools_sort_tasks_by_running_reward_and_draw_by_pool_weight() -> None:
@@ -98,7 +99,7 @@ def test_pools_sort_tasks_by_running_reward_and_draw_by_pool_weight() -> None:
 
 
 def test_the_running_reward_is_an_exponential_average() -> None:
-    sampler = TaskSampler(load_config(overrides=[*TICTACTOE, "curriculum.kind=pools", "curriculum.num_tasks=1",
+    sampler = TaskSampler(load_config(overrides=[*SQL, "curriculum.kind=pools", "curriculum.num_tasks=1",
                                                  "curriculum.ema=0.25"]))  # fmt: skip
     for seed, reward in enumerate([1.0, 0.0]):
         sampler.options_for(seed)
@@ -129,6 +130,12 @@ def test_each_level_plays_its_own_env() -> None:
     ([*LEVELS, "rollout.max_staleness=0"], "asynchronous"),
     ([*LEVELS, "curriculum.start=3"], "curriculum.start"),
     ([*POOLS, "curriculum.pool_weights={trivial: 1.0}"], "pool_weights"),
+    # the option a curriculum sets must be one the env reads: else every level or pool is the same episode
+    ([*TICTACTOE, "curriculum.kind=pools"], r"picks tasks by the reset option 'task_index', which "
+                                            r"rl-llm/TicTacToe-v0 does not read; its reset options are agent_mark$"),
+    ([*TICTACTOE, "curriculum.kind=levels", "curriculum.via=reset", "curriculum.option=opponent_skil",
+      "curriculum.levels=[0.0, 1.0]"], r"curriculum.option is the reset option 'opponent_skil', which .* "
+                                       r"\(curriculum.via=kwargs sets a constructor argument\)"),
 ])  # fmt: skip
 def test_bad_curriculum_settings_are_refused(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
