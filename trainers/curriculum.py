@@ -135,9 +135,10 @@ class LevelledEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
         options = dict(options or {})
-        if LEVEL_OPTION in options:
-            self._current = self._env(options.pop(LEVEL_OPTION))
-        return self._current.reset(seed=seed, options=options or None)
+        env = self._env(options.pop(LEVEL_OPTION)) if LEVEL_OPTION in options else self._current
+        result = env.reset(seed=seed, options=options or None)
+        self._current = env  # only now: a reset the level's env refuses leaves the running episode in play
+        return result
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
         return self._current.step(action)

@@ -75,13 +75,12 @@ class _Attempts(gym.Wrapper[str, str, str, str]):
 
     # -- Gymnasium API --------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        if seed is not None:
-            self._rng = np.random.default_rng(seed)
-            self._task_seed = seed
-        else:
-            self._task_seed = int(self._rng.integers(2**31))
-        self._options = options
-        observation, info = self.env.reset(seed=self._task_seed, options=options)
+        rng = np.random.default_rng(seed) if seed is not None else self._rng
+        task_seed = seed if seed is not None else int(rng.integers(2**31))
+        # The inner env first: a reset it refuses (a bad option) leaves this episode's task, and so its next
+        # attempts, as they were.
+        observation, info = self.env.reset(seed=task_seed, options=options)
+        self._rng, self._task_seed, self._options = rng, task_seed, options
         self._attempt = 0
         self._turn = 0
         self._answers: list[str] = []

@@ -75,6 +75,21 @@ def test_ufo_reward_decays_by_half_per_attempt_and_feedback_is_unary() -> None:
     assert env.reset(seed=1)[1]["task_id"] == task
 
 
+def test_a_reset_the_inner_env_refuses_leaves_the_episode_and_its_next_attempts_as_they_were() -> None:
+    class Strict(ArithmeticEnv):
+        reset_options = frozenset()  # reads none: any option is refused
+
+    env = TryAgain(Strict())
+    env.reset(seed=1)
+    expected = right(env)
+    with pytest.raises(ValueError, match="takes no reset option 'bogus'"):
+        env.reset(seed=2, options={"bogus": 1})
+    observation, *_ = env.step(answer(expected + 1))  # wrong: the next attempt resets the inner env again
+    assert observation.startswith("Incorrect.") and right(env) == expected  # seed 1's task, not seed 2's
+    _, reward, terminated, _, _ = env.step(answer(expected))
+    assert terminated and reward == pytest.approx(0.5)
+
+
 def test_repeated_answers_are_penalised_at_the_end() -> None:
     env = TryAgain(ArithmeticEnv(), max_attempts=4, repetition_lambda=0.5)
     env.reset(seed=2)

@@ -117,6 +117,9 @@ def test_each_level_plays_its_own_env() -> None:
     assert env.unwrapped.opponent_skill == 1.0 and "mixed1-" in info["task_id"]
     env.reset(seed=3, options={LEVEL_OPTION: 0.0})
     assert env.unwrapped is first  # built once per level, then reused
+    with pytest.raises(ValueError, match="takes no reset option 'bogus'"):  # refused by the level-1 env
+        env.reset(seed=4, options={LEVEL_OPTION: 1.0, "bogus": 1})
+    assert env.unwrapped is first and env.step("<move>B2</move>")[4]["turn"] == 1  # level 0's episode goes on
     env.close()
     plain = load_config(overrides=TICTACTOE)
     make = env_factory(plain)
