@@ -30,6 +30,7 @@ import io
 import logging
 import sys
 import uuid
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -320,17 +321,20 @@ def _hide_odd_module_globals() -> Iterator[None]:
     process that had imported numba before. They are put back as soon as the engine is up.
     """
     hidden: list[tuple[dict[str, Any], str, Any]] = []
-    for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict):
-            continue
-        for name, value in list(namespace.items()):
-            try:
-                odd = hasattr(value, "__dict__") and not hasattr(vars(value), "get")  # dicts, mappingproxies: fine
-            except Exception:  # an object that cannot even say: leave it to vLLM
-                odd = False
-            if odd:
-                hidden.append((namespace, name, namespace.pop(name)))
+    with warnings.catch_warnings():  # a deprecated global warns when asked for its __dict__ (torch.distributed's
+        warnings.simplefilter("ignore", FutureWarning)  # reduce_op): this read-only look is not a use of it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            for name, value in list(namespace.items()):
+                try:
+                    odd = hasattr(value, "__dict__") and not hasattr(vars(value), "get")  # dicts, mappingproxies: fine
+                except Exception:  # an object that cannot even say: leave it to vLLM
+                    odd = False
+                if odd:
+                    hidden.append((namespace, name, namespace.pop(name)))
     try:
         yield
     finally:

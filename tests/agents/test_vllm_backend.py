@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import types
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -230,10 +231,21 @@ def test_module_globals_that_break_vllms_kernel_scan_are_hidden_only_while_an_en
         def __getattr__(self, name: str) -> object:
             return lambda *args: None
 
+    class Deprecated:  # like torch.distributed.reduce_op: any attribute read warns
+        def __getattribute__(self, name: str) -> object:
+            warnings.warn("Deprecated is deprecated", FutureWarning, stacklevel=2)
+            return object.__getattribute__(self, name)
+
     module = types.ModuleType("rl_llm_test_odd_globals")
-    module.lib, module.table, module.kind = AnswersEverything(), {"a": 1}, dict
+    module.lib, module.table, module.kind, module.old = AnswersEverything(), {"a": 1}, dict, Deprecated()
     sys.modules[module.__name__] = module
     try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with _hide_odd_module_globals():
+                pass
+        assert not [w for w in caught if issubclass(w.category, FutureWarning)]  # the look is not a use
+        del module.old
         with _hide_odd_module_globals():
             assert not hasattr(module, "lib")  # would break vLLM's scan
             assert module.table == {"a": 1} and module.kind is dict  # mappings and classes stay
