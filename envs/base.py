@@ -10,6 +10,8 @@ A subclass implements ``_reset(options) -> Task`` and ``_step(action) -> Outcome
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -80,6 +82,8 @@ class TextEnv(gym.Env[str, str]):
 
     # -- Gymnasium API ----------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        if options is not None and not isinstance(options, Mapping):  # dict("x") fails with a puzzling message
+            raise TypeError(f"{type(self).__name__}: reset options must be a dict, got {type(options).__name__}")
         options = dict(options or {})
         if self.reset_options is not None and not options.keys() <= self.reset_options:
             unknown = ", ".join(repr(key) for key in options if key not in self.reset_options)
@@ -93,7 +97,7 @@ class TextEnv(gym.Env[str, str]):
         self._transcript = [("system", task.system_prompt), ("user", task.observation)]
         info = {"system_prompt": task.system_prompt, "task_id": task.task_id, "stop": list(self.stop), **task.info}
         if self.render_mode == "human":
-            print(self.transcript)
+            print_text(self.transcript)
         return task.observation, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -116,7 +120,7 @@ class TextEnv(gym.Env[str, str]):
             **outcome.info,
         }
         if self.render_mode == "human":
-            print(_format_transcript(self._transcript[-2:]))
+            print_text(_format_transcript(self._transcript[-2:]))
         return observation, float(sum(outcome.rewards.values())), outcome.terminated, truncated, info
 
     def render(self) -> str | None:
@@ -146,6 +150,18 @@ class TextEnv(gym.Env[str, str]):
     def turn(self) -> int:
         """Turns taken in the current episode."""
         return self._turn
+
+
+def print_text(text: str) -> None:
+    """``print(text)`` for "human" rendering that no action can make raise: characters stdout cannot encode
+    (a lone surrogate in an LLM's turn, an emoji on a Latin-1 console) are printed as backslash escapes, not
+    turned into a UnicodeEncodeError from ``step`` (docs/design.md#the-environment-contract, robustness)."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    try:
+        text = text.encode(encoding, "backslashreplace").decode(encoding, "replace")
+    except LookupError:  # a stream naming a codec Python does not know: keep to ASCII
+        text = text.encode("ascii", "backslashreplace").decode("ascii")
+    print(text)
 
 
 def _format_transcript(entries: list[tuple[str, str]]) -> str:

@@ -114,7 +114,8 @@ def _bare_json_objects(text: str, limit: int) -> list[str]:
             break
         try:
             _, end = decoder.raw_decode(text, match.start())
-        except (json.JSONDecodeError, RecursionError):  # the parse below reports what is wrong
+        # ValueError: JSONDecodeError, or an integer past int's digit limit (sys.get_int_max_str_digits).
+        except (ValueError, RecursionError):  # the parse below reports what is wrong
             found.append(text[match.start() :])
             break
         found.append(text[match.start() : end])
@@ -123,13 +124,16 @@ def _bare_json_objects(text: str, limit: int) -> list[str]:
 
 
 def _parse_tool_call_json(block: str) -> ToolCall:
-    # json raises RecursionError (not JSONDecodeError) on deeply nested arrays or objects.
+    # json raises RecursionError (not JSONDecodeError) on deeply nested arrays or objects, and a plain
+    # ValueError on an integer literal past int's digit limit (4,300 by default, sys.get_int_max_str_digits).
     try:
         payload = json.loads(block)
     except json.JSONDecodeError as exc:
         return ToolCall(name="", error=f"tool call is not valid JSON ({exc.msg} at position {exc.pos})")
     except RecursionError:
         return ToolCall(name="", error="tool call is not valid JSON (nested too deeply)")
+    except ValueError:
+        return ToolCall(name="", error="tool call is not valid JSON (a number with too many digits)")
     if not isinstance(payload, dict):
         return ToolCall(name="", error="tool call must be a JSON object with 'name' and 'arguments'")
     # Accept the OpenAI wire form {"type": "function", "function": {...}} as well.
@@ -146,6 +150,8 @@ def _parse_tool_call_json(block: str) -> ToolCall:
             return ToolCall(name=name, error=f"'arguments' is not valid JSON ({exc.msg})")
         except RecursionError:
             return ToolCall(name=name, error="'arguments' is not valid JSON (nested too deeply)")
+        except ValueError:
+            return ToolCall(name=name, error="'arguments' is not valid JSON (a number with too many digits)")
     if not isinstance(arguments, dict):
         return ToolCall(name=name, error="'arguments' must be a JSON object")
     return ToolCall(name=name, arguments=arguments)

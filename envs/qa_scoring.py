@@ -69,9 +69,8 @@ def numeric_or_exact_match(prediction: str, answers: Iterable[str], rel_tol: flo
     """Numbers compare by value (``12,000`` = ``12000.0``), everything else by exact match."""
     answers = list(answers)
     predicted = parse_number(prediction)
-    if predicted is not None:
-        for answer in answers:
-            gold = parse_number(answer)
-            if gold is not None and math.isclose(predicted, gold, rel_tol=rel_tol, abs_tol=1e-9):
-                return 1.0
+    golds = [gold for gold in map(parse_number, answers) if gold is not None]
+    if predicted is not None and golds:
+        # By value alone: exact match drops punctuation, so falling back to it passed "-4" for 4 and "4.5" for 45.
+        return float(any(math.isclose(predicted, gold, rel_tol=rel_tol, abs_tol=1e-9) for gold in golds))
     return exact_match(prediction, answers)

@@ -14,7 +14,7 @@ last line), and an empty string once the game is over. ``render()`` returns the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -22,7 +22,7 @@ from gymnasium.utils import seeding
 from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils.conversions import parallel_to_aec
 
-from rl_llm.envs.base import MAX_TEXT_LENGTH
+from rl_llm.envs.base import MAX_TEXT_LENGTH, print_text
 from rl_llm.envs.parsing import truncate_middle
 from rl_llm.envs.spaces import UnicodeText
 
@@ -124,13 +124,13 @@ class TwoPlayerTextGame:
     def _echo(self) -> None:
         """In ``"human"`` mode, print the transcript entries added since the last call."""
         if self.render_mode == "human":
-            print("\n\n".join(self._transcript[self._printed :]))
+            print_text("\n\n".join(self._transcript[self._printed :]))
         self._printed = len(self._transcript)
 
     def render(self) -> str | None:
         """The game's transcript (rules, every action, what each player was told); printed in ``"human"`` mode."""
         if self.render_mode == "human":
-            print(self.transcript)
+            print_text(self.transcript)
             return None
         return self.transcript
 
@@ -190,6 +190,8 @@ class SocialEnv(TwoPlayerTextGame, ParallelEnv[str, str, str]):
         self, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
         """Start a game. Unknown ``options`` keys are ignored (PettingZoo's API test passes one)."""
+        if options is not None and not isinstance(options, Mapping):  # checked before the game changes
+            raise TypeError(f"{type(self).__name__}: reset options must be a dict, got {type(options).__name__}")
         self._seed_episode(seed)
         self.task_id = f"{self.task_name}-{self.episode_seed}"
         self.agents = list(AGENTS)
@@ -210,9 +212,18 @@ class SocialEnv(TwoPlayerTextGame, ParallelEnv[str, str, str]):
         self._echo()
         return observations, infos
 
-    def step(self, actions: dict[str, str]) -> tuple[dict, dict, dict, dict, dict]:
+    def step(self, actions: Mapping[str, str]) -> tuple[dict, dict, dict, dict, dict]:
         if not self.agents:
             raise RuntimeError(f"{type(self).__name__}: the game has ended (or never started); call reset()")
+        # A mapping of agent names only: None or a list used to fail deep inside with "not iterable", and a
+        # misspelt name's action was dropped without a word (docs/writing-an-environment.md#two-player-games).
+        if not isinstance(actions, Mapping):
+            raise TypeError(f"{type(self).__name__}: actions must be a dict of agent name to str, got "
+                            f"{type(actions).__name__}")  # fmt: skip
+        unknown = [agent for agent in actions if agent not in AGENTS]
+        if unknown:
+            raise ValueError(f"{type(self).__name__}: no agent {', '.join(map(repr, unknown))}; the agents are "
+                             f"{', '.join(AGENTS)}")  # fmt: skip
         _, active = self._phase()
         waiting = [agent for agent in active if agent not in self._locked]
         # Every action is checked before any is played, so a rejected call changes nothing.

@@ -66,6 +66,13 @@ def parse_turn(text: str) -> tuple[str | None, bool] | None:
     return command, done
 
 
+def _checked_index(index: Any, count: int) -> int:
+    """``index`` as an int in ``[0, count)``, else a ValueError naming the range (numpy integers pass)."""
+    if isinstance(index, bool) or not isinstance(index, Integral) or not 0 <= index < count:
+        raise ValueError(f"options['task_index'] must be an int in [0, {count}), got {index!r}")
+    return int(index)
+
+
 def format_output(output: str, exit_code: int, max_chars: int) -> str:
     shown = truncate_middle(output, max_chars, TRUNCATION_NOTE)
     verdict = "Command executed successfully." if exit_code == 0 else "Command failed."
@@ -232,20 +239,25 @@ class TerminalEnv(TextEnv):
         if "task" in options:
             task = options["task"]
             if isinstance(task, (str, Path)):
-                return load_task_dir(task)
+                try:
+                    return load_task_dir(task)
+                except OSError as error:  # the caller's option names no readable task: bad input, not a crash
+                    raise ValueError(f"options['task']: {error}") from None
             if not isinstance(task, TerminalTask):
                 raise TypeError(f"options['task'] must be a TerminalTask or a task directory, got {type(task).__name__}")
             return task
         if "task_family" in options or "difficulty" in options:
-            seed = int(options.get("task_index", self.np_random.integers(GENERATED_TASKS)))
+            drawn = int(self.np_random.integers(GENERATED_TASKS))  # drawn either way: same stream as before
+            index = options.get("task_index")
+            # task_index is the generator's seed here, held to the same range and type as below (a float, a
+            # string, None or -1 used to reach int() or the generator unchecked).
+            seed = drawn if index is None else _checked_index(index, GENERATED_TASKS)
             family = options.get("task_family", self.task_family)
             return generate_task(seed, family, options.get("difficulty", self.difficulty))
         index = options.get("task_index")
         if index is None:
             index = int(self.np_random.integers(len(self.tasks)))
-        if isinstance(index, bool) or not isinstance(index, Integral) or not 0 <= index < len(self.tasks):
-            raise ValueError(f"options['task_index'] must be an int in [0, {len(self.tasks)}), got {index!r}")
-        return self.tasks[int(index)]
+        return self.tasks[_checked_index(index, len(self.tasks))]
 
     def _reset(self, options: dict[str, Any]) -> Task:
         task = self._pick_task(options)

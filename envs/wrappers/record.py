@@ -62,6 +62,12 @@ class RecordTrajectories(gym.Wrapper[str, str, str, str]):
         episode, self._episode = self._episode, None
         episode.update(terminated=terminated, truncated=truncated,
                        episode_return=sum(step["reward"] for step in episode["steps"]))
-        line = json.dumps(episode, ensure_ascii=False, default=str) + "\n"
-        with self._lock, self.path.open("a", encoding="utf-8") as handle:
+        try:
+            line = (json.dumps(episode, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+        except UnicodeEncodeError:
+            # A lone surrogate (an action may hold any str) has no UTF-8 form: this line escapes every non-ASCII
+            # character instead (JSON escapes such as \ud800, which json.loads reads back to the same text).
+            # Writing it raw raised from step() and lost the episode.
+            line = (json.dumps(episode, default=str) + "\n").encode("ascii")
+        with self._lock, self.path.open("ab") as handle:
             handle.write(line)

@@ -179,6 +179,13 @@ def test_generated_task_set_indexes_like_the_generator(env: TerminalEnv) -> None
         env.reset(options={"task_index": -1})
     with pytest.raises(TypeError, match="TerminalTask or a task directory"):
         env.reset(options={"task": 42})
+    # A path that names no task is the caller's bad input (ValueError: an env server answers 400 and keeps the
+    # session), not an OSError (answered as an env crash: 500, session closed).
+    with pytest.raises(ValueError, match=r"options\['task'\]: task directory .* does not exist"):
+        env.reset(options={"task": "/nonexistent/task"})
+    with pytest.raises(ValueError, match="has none of"):
+        env.reset(options={"task": "/"})
+    assert env.reset(options={"task_index": 12})[1]["task_id"] == generate_task(12).task_id  # still usable
 
 
 def test_hand_written_task_folders(tmp_path: Path) -> None:
