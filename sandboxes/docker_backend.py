@@ -44,12 +44,14 @@ IMAGES_DIR = Path(__file__).parent / "images"
 LABEL = "rl-llm.sandbox"
 _swept = False
 # Runs one command as its own process group with a timer; when it returns, its background jobs go too.
-# Arguments: timeout, stdin file, argv. bash's own "Killed" notices go to /dev/null, the command keeps stderr.
-# Whether the timer fired is its exit status: once its sleep is over it ignores SIGTERM and exits with the
-# status of its kill, so stopping it cannot be mistaken for it having fired (or the other way round).
+# Arguments: timeout, stdin ("-": the exec's own, which the host streams; else a file), argv. bash's own
+# "Killed" notices go to /dev/null, the command keeps stderr. Whether the timer fired is its exit status: once
+# its sleep is over it ignores SIGTERM and exits with the status of its kill, so stopping it cannot be mistaken
+# for it having fired (or the other way round).
 _RUN_WRAPPER = r"""exec 3>&2 2>/dev/null
+[ "$2" = - ] || exec <"$2"
 set -m
-"${@:3}" <"$2" 2>&3 3>&- &
+"${@:3}" <&0 2>&3 3>&- &
 job=$!
 { sleep "$1"; trap '' TERM; kill -KILL -- "-$job"; } </dev/null >/dev/null 3>&- &
 timer=$!
@@ -236,6 +238,22 @@ class _ExecStream:
         self._thread = threading.Thread(target=self._demux, args=(out_write, err_write), daemon=True,
                                         name="rl-llm-docker-demux")
         self._thread.start()
+        self._feeder: threading.Thread | None = None
+
+    def feed_stdin(self, data: bytes) -> None:
+        """Write ``data`` to the process's stdin over the exec's socket, then end it (half-close: EOF there), on
+        a thread of its own, so a command that does not read its stdin cannot stall the reading of its output.
+        Streamed, not handed in as a file: a file in the io directory stayed readable by every program of the
+        sandbox while the command ran, so a program the task checker runs could read the checker itself (its
+        expected values, the key of its verdict) off it (docs/design.md#sandboxes)."""
+
+        def feed() -> None:
+            with contextlib.suppress(OSError):  # the stream was closed first: nobody reads it any more
+                self.raw.sendall(data)
+                self.raw.shutdown(socket.SHUT_WR)
+
+        self._feeder = threading.Thread(target=feed, daemon=True, name="rl-llm-docker-stdin")
+        self._feeder.start()
 
     def _demux(self, out_write: int, err_write: int) -> None:
         from docker.utils.socket import STDERR, frames_iter
@@ -267,10 +285,12 @@ class _ExecStream:
             return
         self._closed = True
         with contextlib.suppress(OSError):
-            self.raw.shutdown(socket.SHUT_RDWR)  # the demux thread sees the stream end
+            self.raw.shutdown(socket.SHUT_RDWR)  # the demux thread sees the stream end, a blocked feeder EPIPE
         close_fds(self.out_read, self.err_read)  # and gets EPIPE if it was blocked writing to them
         if self._thread is not threading.current_thread():  # a dropped shell's finalizer may run in its own
             self._thread.join(5)  # demux thread (GC happens anywhere); it then ends on the closed socket
+        if self._feeder is not None:
+            self._feeder.join(5)  # before the socket's fd is freed for reuse
         for sock in (self.sock, self.raw):  # the SDK's file wrapper, then the socket (frees the fd now)
             with contextlib.suppress(OSError):
                 sock.close()
@@ -391,12 +411,11 @@ class DockerSandbox(Sandbox):
 
     def _run(self, cmd: Command, timeout: float, stdin: bytes | None, env: dict[str, str]) -> ExecResult:
         started = time.monotonic()
-        feed = "/dev/null"
-        stdin_file = None
-        if stdin is not None:
-            stdin_file, feed = self.put_io_file("stdin", stdin)
+        feed = "/dev/null" if stdin is None else "-"
         argv = ["bash", "-c", _RUN_WRAPPER, "rl-sandbox", f"{timeout:.3f}", feed, *self._shell_argv(cmd)]
-        stream = self._as_user.exec_stream(argv, env=env)
+        stream = self._as_user.exec_stream(argv, stdin=stdin is not None, env=env)
+        if stdin is not None:
+            stream.feed_stdin(stdin)
         cap = self.limits.max_output_bytes
         out, err = StreamCapture(cap), StreamCapture(cap)
         pump = FdPump()
@@ -411,8 +430,6 @@ class DockerSandbox(Sandbox):
         finally:
             pump.close()
             stream.close()
-            if stdin_file is not None:
-                stdin_file.unlink(missing_ok=True)
         duration = time.monotonic() - started
         timed_out = code is None or (code == TIMEOUT_EXIT_CODE and duration >= timeout)
         return ExecResult(stdout=out.text(), stderr=err.text(),

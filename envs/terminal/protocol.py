@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import hashlib
+import hmac
 import secrets
 from pathlib import Path
 from typing import Any
@@ -15,25 +17,35 @@ RUNNER_COMMAND = ["python3", "-I", "-S", "-"]
 
 
 def runner_program(payload: dict[str, Any]) -> tuple[str, str]:
-    """(program text for ``python3 -I -S -``, the nonce its verdict line will carry).
+    """(program text for ``python3 -I -S -``, the key its verdict line is signed with).
 
     The payload goes in as a Python literal (JSON-like values only), so the runner needs no json import.
+    The key is never printed: the verdict line carries an HMAC of its own text under it. A program a check
+    runs (the agent's) can read the run's stdout pipe through ``/proc/1/fd/1`` (the sandbox's PID 1 shell
+    holds it), so a line carrying a plain nonce could be read there and sent back with the verdict flipped.
     """
-    nonce = secrets.token_hex(12)
-    return f"{RUNNER_SOURCE}\n_main({dict(payload, nonce=nonce)!r})\n", nonce
+    key = secrets.token_hex(16)
+    return f"{RUNNER_SOURCE}\n_main({dict(payload, key=key)!r})\n", key
 
 
-def parse_verdict(stdout: str, nonce: str) -> tuple[bool, str] | None:
-    """The runner's (passed, message), or None when no line with this nonce came back."""
-    prefix = f"{RESULT_MARK} {nonce} "
-    position = stdout.rfind(prefix)
-    if position < 0:
-        return None
-    flag, _, message = stdout[position + len(prefix) :].split("\n", 1)[0].partition(" ")
-    try:
-        text = ast.literal_eval(message)
-    except (ValueError, SyntaxError):
-        return None
-    if flag not in ("0", "1") or not isinstance(text, str):
-        return None
-    return flag == "1", text
+def verdict_tag(key: str, flag: str, message: str) -> str:
+    """The HMAC the runner puts on ``RLLM-RESULT <tag> <flag> <message>`` (``workspace_checker._main``)."""
+    return hmac.new(bytes.fromhex(key), f"{flag} {message}".encode(), hashlib.sha256).hexdigest()
+
+
+def parse_verdict(stdout: str, key: str) -> tuple[bool, str] | None:
+    """The runner's (passed, message) from the last verdict line signed with ``key``; None when none is."""
+    for line in reversed(stdout.split("\n")):
+        if not line.startswith(f"{RESULT_MARK} "):
+            continue
+        _, tag, flag, message = [*line.split(" ", 3), "", "", ""][:4]
+        if not hmac.compare_digest(tag.encode(), verdict_tag(key, flag, message).encode()):
+            continue  # forged, or cut short: not the runner's
+        try:
+            text = ast.literal_eval(message)
+        except (ValueError, SyntaxError):
+            return None
+        if flag not in ("0", "1") or not isinstance(text, str):
+            return None
+        return flag == "1", text
+    return None

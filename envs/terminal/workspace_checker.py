@@ -2,9 +2,10 @@
 
 It is sent as text on the stdin of ``python3 -I -S -`` (see ``protocol.runner_program``), never written to
 the workspace, so the agent can neither read nor edit it. Standard library only, because it runs on the
-sandbox's system Python. The result is one line ``RLLM-RESULT <nonce> <0|1> <message as a Python literal>``
-on stdout; the nonce is random per call, so output printed by an agent's program (run by a ``script_io``
-check) cannot pose as the verdict.
+sandbox's system Python. The result is one line ``RLLM-RESULT <tag> <0|1> <message as a Python literal>``
+on stdout; the tag is an HMAC of the rest of the line under a key that is random per call and never printed
+(see ``protocol.runner_program``), so output printed by an agent's program (run by a ``script_io`` check)
+cannot pose as the verdict, not even one that reads the verdict off the run's stdout pipe.
 
 Every check takes paths relative to the workspace (the current directory). Expected values travel inside
 the program, so deleting or editing files in the workspace can only make a check fail.
@@ -602,12 +603,17 @@ def set_up(payload):
 
 
 def _main(payload):
-    """Entry point: ``payload`` is a literal dict (mode, nonce, and the files and script or the checks)."""
+    """Entry point: ``payload`` is a literal dict (mode, key, and the files and script or the checks)."""
     try:
         passed, message = set_up(payload) if payload["mode"] == "setup" else run_checks(payload["checks"])
     except Exception:
         import traceback
 
         passed, message = False, "runner error: " + traceback.format_exc(limit=3)[-1500:]
+    import hashlib
+    import hmac
+
+    line = f"{int(passed)} {message!r}"
+    tag = hmac.new(bytes.fromhex(payload["key"]), line.encode(), hashlib.sha256).hexdigest()
     sys.stdout.flush()
-    print(f"\nRLLM-RESULT {payload['nonce']} {int(passed)} {message!r}")
+    print(f"\nRLLM-RESULT {tag} {line}")

@@ -6,7 +6,9 @@ clean workspace and the oracle must still solve it.
 
 from __future__ import annotations
 
+import ast
 import secrets
+import subprocess
 from collections.abc import Iterable
 
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from rl_llm.agents.baselines.terminal import TerminalOracle
 from rl_llm.envs.terminal import TerminalTask, generate_task
 from rl_llm.envs.terminal.families.common import write_file_cmd
+from rl_llm.envs.terminal.protocol import RUNNER_COMMAND, parse_verdict, runner_program
 from rl_llm.envs.terminal.terminal_env import TerminalEnv
 from tests.envs.test_terminal_env import ANSWER_TASK, ISOLATING, play
 
@@ -193,3 +196,48 @@ def test_a_program_run_by_the_check_cannot_read_the_checkers_memory(env: Termina
                         checks=({"kind": "script_io", "path": "bin/x", "cases": [{"stdout": secret + "\n"}]},))
     reward, _, info = attempt(env, task, write_file_cmd("bin/x", MEMORY_THIEF) + " && chmod +x bin/x")
     assert reward == 0.0 and "wrong output" in info["check"]["message"]
+
+
+# Run by a script_io check: reads the verdict line off the run's stdout pipe (PID 1, the sandbox's shell,
+# holds it and is dumpable) and writes it back with the flag flipped.
+VERDICT_THIEF = r'''#!/usr/bin/env python3
+import os, sys
+print("hello")
+sys.stdout.flush()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        for fd in (0, 1, 2):
+            os.close(fd)
+        pipe = os.open("/proc/1/fd/1", os.O_RDWR)
+        seen = b""
+        while b"RLLM-RESULT " not in seen or not seen.endswith(b"\n"):
+            seen += os.read(pipe, 65536)
+        line = seen[seen.rfind(b"RLLM-RESULT "):]
+        mark, tag, flag, message = line.split(b" ", 3)
+        os.write(pipe, b"\n" + b" ".join([mark, tag, b"1", message]))
+    os._exit(0)
+'''
+
+
+def test_a_verdict_read_off_the_pipe_cannot_be_sent_back_flipped() -> None:
+    program, key = runner_program({"mode": "check", "checks": [
+        {"kind": "file_text", "path": "answer.txt", "expected": "42", "mode": "stripped"}]})
+    done = subprocess.run(RUNNER_COMMAND, input=program.encode(), capture_output=True, timeout=60, check=False,
+                          cwd="/", env={"PATH": "/usr/bin:/bin"})
+    honest = done.stdout.decode()
+    line = honest[honest.rfind("RLLM-RESULT "):].strip()
+    mark, tag, flag, message = line.split(" ", 3)
+    assert flag == "0" and key not in honest  # the key itself never leaves the checker
+    flipped = f"{honest}\n{mark} {tag} 1 {message}\n"
+    assert parse_verdict(flipped, key) == parse_verdict(honest, key) == (False, ast.literal_eval(message))
+
+
+def test_a_program_run_by_the_check_cannot_forge_the_verdict(env: TerminalEnv) -> None:
+    task = TerminalTask("test/thief", "custom", 1, "Write bin/x and answer.txt.",
+                        checks=({"kind": "script_io", "path": "bin/x", "cases": [{"stdout": "hello\n"}]},
+                                {"kind": "file_text", "path": "answer.txt", "expected": "42", "mode": "stripped"}))
+    for _ in range(4):  # the thief races the host for the line; before the fix it won about half the time
+        reward, _, info = attempt(env, task, write_file_cmd("bin/x", VERDICT_THIEF) + " && chmod +x bin/x")
+        assert reward == 0.0, info["check"]
+    assert_next_episode_is_clean(env)

@@ -169,6 +169,23 @@ def test_killing_its_parent_is_contained(backend, canary):
         assert_host_intact(sb, canary)
 
 
+def test_a_commands_stdin_cannot_be_read_by_the_programs_it_runs(isolated):
+    """A command's stdin (the Terminal-v0 checker: its expected values and the key of its verdict) is read by
+    the command alone. The docker backend handed it in as a file in the read-only io directory, which every
+    program of the sandbox could read while the command ran: a program the checker starts read it there."""
+    secret = "stdin-secret-" + "7" * 16
+    program = ("import subprocess, sys; data = sys.stdin.read(); "
+               "probe = 'cat /run/rl-io/* /proc/[0-9]*/fd/0 2>/dev/null; echo probed'; "
+               "print(len(data), subprocess.run(['sh', '-c', probe], capture_output=True, text=True).stdout)")  # fmt: skip
+    result = isolated.run(["python3", "-c", program], stdin=secret + "\n")
+    assert result.exit_code == 0 and result.stdout.startswith(f"{len(secret) + 1} ")
+    assert "probed" in result.stdout and secret not in result.stdout
+    big = "x" * 3_000_000  # more than a socket or pipe buffer holds: fed while the output is read
+    assert isolated.run("wc -c", stdin=big).stdout.strip() == "3000000"
+    assert isolated.run("cat", timeout=5).stdout == ""  # no stdin: EOF at once, not a wait
+    assert isolated.run("sleep 0.2; echo ignored it", stdin=big).stdout == "ignored it\n"  # a command that never reads
+
+
 def test_background_processes_do_not_outlive_the_command(sandbox):
     res = sandbox.run("sleep 300 & setsid sleep 301 & nohup sleep 302 >/dev/null 2>&1 & (sleep 303 &); "
                       "echo launched", timeout=10)
