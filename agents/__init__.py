@@ -18,6 +18,7 @@ Heavy dependencies (torch, transformers, vLLM) load only when an LLM backend is 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rl_llm.agents.baselines import BASELINES, baselines_for, make_baseline
@@ -59,6 +60,10 @@ def make_policy(spec: str, env_id: str, seed: int | None = None, **options: Any)
     sampling = SamplingParams(**{key: options.pop(key) for key in SAMPLING_OPTIONS if key in options})
     if backend == "hf":
         from rl_llm.agents.hf import HFPolicy
+
+        if target.startswith(("/", "./", "../", "~")) and not Path(target).expanduser().is_dir():
+            # a path, not a Hub id: transformers would answer "Repo id must use alphanumeric chars"
+            raise FileNotFoundError(f"{spec!r}: no model directory {target}")
 
         return HFPolicy(target, sampling=sampling, seed=seed, **options)
     if backend == "openai":

@@ -214,6 +214,7 @@ class RolloutEngine:
         self.tokenizer = tokenizer
         self.game: str | None = None
         self.action_template = action_template
+        self.env_kwargs: dict[str, Any] = dict(env_kwargs or {})  # named in the error of an env it cannot build
         if isinstance(env, str) and env.startswith(GAME_PREFIX):
             from rl_llm.envs.social import load
 
@@ -317,6 +318,9 @@ class RolloutEngine:
                 env = self._idle_envs.pop() if self._idle_envs else await self._new_env()
             self._live += 1
             healthy = False
+            # Set before the try: when _play raises (cancelled by Ctrl-C or by a failing sibling episode), the
+            # finally below must not hide that error behind an UnboundLocalError.
+            trajectory: Trajectory | PausedEpisode | tuple | None = None
             try:
                 trajectory, healthy = await self._play(env, job)
             finally:
@@ -536,7 +540,15 @@ class RolloutEngine:
         return await asyncio.get_running_loop().run_in_executor(self._env_pool, call)
 
     async def _new_env(self) -> gym.Env:
-        env = await self._in_env_thread(self.make_env)
+        try:
+            env = await self._in_env_thread(self.make_env)
+        except TypeError as error:
+            if not self.env_id:  # a factory of the caller's: its own bug or its own arguments
+                raise
+            # An argument of the wrong type (`-k num_arms=abc`) fails inside the env's constructor as a TypeError:
+            # a ValueError naming the env and its arguments is the CLI's one-line error, not a traceback.
+            arguments = ", ".join(f"{key}={value!r}" for key, value in self.env_kwargs.items())
+            raise ValueError(f"{self.env_id} cannot be built with {arguments or 'no arguments'}: {error}") from error
         self._all_envs.append(env)
         return env
 

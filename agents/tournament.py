@@ -124,7 +124,11 @@ def play_matches(
     the requests of all matches waiting on it as one batch.
     """
     module = load(game)
-    envs = [module.env(**dict(env_kwargs or {})) for _ in seeds]
+    try:
+        envs = [module.env(**dict(env_kwargs or {})) for _ in seeds]
+    except TypeError as error:  # `-k num_rounds=abc`: the game's arguments, in one line rather than a traceback
+        arguments = ", ".join(f"{key}={value!r}" for key, value in dict(env_kwargs or {}).items())
+        raise ValueError(f"{game} cannot be built with {arguments or 'no arguments'}: {error}") from error
     conversations: list[dict[str, list[Message]]] = []
     players: list[dict[str, EpisodeAgent]] = []
     for env, seed in zip(envs, seeds, strict=True):

@@ -14,13 +14,13 @@ This module imports no verifiers::
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from rl_llm.console import ArgumentParser
 from rl_llm.integrations.generic import parse_kwarg_pairs
 from rl_llm.integrations.social_seat import SOCIAL_PREFIX, make_env
 
@@ -123,7 +123,7 @@ def all_env_ids() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write Environments Hub packages for rl-llm envs.")
+    parser = ArgumentParser(description="Write Environments Hub packages for rl-llm envs.")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--env", help="env id, e.g. rl-llm/TicTacToe-v0 or social/<game>")
     which.add_argument("--all", action="store_true", help="one package per registered env and social game")

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import rl_llm
-from rl_llm.console import make_console
+from rl_llm.console import ArgumentParser, make_console
 from rl_llm.envs.registration import ENVIRONMENTS, env_ids
 from rl_llm.errors import RLLMError
 
@@ -47,6 +47,17 @@ def social_game(name: str) -> str | None:
         if name in (game, game.rsplit("_v", 1)[0]):
             return game
     return None
+
+
+def positive_int(text: str) -> int:
+    """argparse type of counts such as --episodes: 0 or fewer would print a table of NaN and exit 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def resolve_env_id(name: str) -> str:
@@ -247,7 +258,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rl-llm", description=__doc__)
+    parser = ArgumentParser(prog="rl-llm", description=__doc__)
     parser.add_argument("--version", action="version", version=f"rl-llm {rl_llm.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -268,9 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--agent",
                           help="baseline name (see `rl-llm list`), hf:tiny, hf:PATH, vllm:MODEL, "
                                "vllm:http://HOST:PORT#MODEL, vllm-serve:MODEL or openai:URL#MODEL")  # fmt: skip
-    evaluate.add_argument("--episodes", type=int, default=20)
+    evaluate.add_argument("--episodes", type=positive_int, default=20)
     evaluate.add_argument("--seed", type=int, default=0)
-    evaluate.add_argument("--batch-size", type=int, default=16)
+    evaluate.add_argument("--batch-size", type=positive_int, default=16)
     evaluate.add_argument("--out", default=None, help="JSONL path for per-episode records (the plot goes next to it)")
     evaluate.add_argument("-k", "--kwarg", action="append", default=[], metavar="KEY=VALUE", help="env argument")
     evaluate.add_argument("--max-new-tokens", type=int, default=None, help="LLM agents: tokens per turn (256)")
@@ -279,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="an agent over a versioned suite (--agent), or every baseline on every env")
     bench.add_argument("envs", nargs="*", help="without --agent: environments or games (default: all)")
-    bench.add_argument("--episodes", type=int, default=50, help="without --agent: episodes per baseline")
+    bench.add_argument("--episodes", type=positive_int, default=50, help="without --agent: episodes per baseline")
     bench.add_argument("--seed", type=int, default=0, help="without --agent: first seed")
     from rl_llm.agents.bench.cli import add_bench_arguments
 
@@ -342,7 +353,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         return args.func(args)
-    except (RLLMError, ValueError, FileNotFoundError, ImportError) as error:  # a clear message, not a traceback
+    # A clear message, not a traceback; OSError: a path that cannot be written or read (--out naming a
+    # directory or a read-only place, a model directory that is not there).
+    except (RLLMError, ValueError, OSError, ImportError) as error:
         console.print(f"[red]error:[/red] {escape(str(error))}")
         return 2
 

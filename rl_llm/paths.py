@@ -25,6 +25,8 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     in other processes or threads never share it; when several write the same ``path``, the last rename
     wins. The file gets the mode a plain ``open`` would give (0666 less the umask)."""
     path = Path(path)
+    if path.is_dir():  # the rename would fail at the end, naming the temporary file: say it first, plainly
+        raise IsADirectoryError(f"{path} is a directory; name a file to write instead")
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{secrets.token_hex(8)}.partial")
     os.close(os.open(partial, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))

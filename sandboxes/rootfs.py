@@ -10,12 +10,13 @@ imported as an image. Point the sandbox images at it with ``RL_LLM_DOCKER_BASE_I
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
+
+from rl_llm.console import ArgumentParser, UnwrappedRawDescriptionHelp
 
 DEFAULT_TAG = "rl-llm/debian-python:bookworm"
 # Beyond a minimal Debian (which has bash, coreutils and util-linux's setsid): python3 for run_python and the
@@ -48,7 +49,7 @@ def build_base_image(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=UnwrappedRawDescriptionHelp)
     parser.add_argument("--tag", default=DEFAULT_TAG)
     parser.add_argument("--suite", default="bookworm")
     parser.add_argument("--mirror", default="http://deb.debian.org/debian")

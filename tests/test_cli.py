@@ -52,6 +52,14 @@ def test_eval_prints_a_table_and_writes_one_jsonl_line_per_episode(tmp_path: Pat
     (("eval", "TicTacToe", "--agent", "minimax", "-k", "cells=numbers"), "takes no option 'cells'; its options are"),
     (("eval", "prisoners_dilemma", "-k", "rounds=3"), "takes no option 'rounds'; its options are payoffs, num_rounds"),
     (("play", "MultiArmedBandit", "-k", "arms=3"), "takes no option 'arms'"),
+    # an option of the wrong type: a TypeError traceback from inside the env's constructor before (now one
+    # line naming the env and the option, whether the env checks the type itself or not)
+    (("eval", "MultiArmedBandit", "--agent", "ucb", "-k", "num_arms=abc"), "num_arms"),
+    (("eval", "prisoners_dilemma", "--agents", "tit_for_tat", "-k", "num_rounds=abc"), "num_rounds"),
+    # no episodes: a table of NaN and exit status 0 before
+    (("eval", "MultiArmedBandit", "--agent", "ucb", "--episodes", "0"), "--episodes: must be at least 1, got 0"),
+    # a model path that is not there: transformers' "Repo id must use alphanumeric chars" traceback before
+    (("eval", "MultiArmedBandit", "--agent", "hf:/no/such/model"), "no model directory /no/such/model"),
 ])
 def test_bad_command_lines_fail_with_a_specific_message(args: tuple[str, ...], message: str) -> None:
     result = rl_llm(*args)
@@ -108,6 +116,21 @@ def test_messages_with_long_paths_are_never_wrapped_in_a_pipe(tmp_path: Path) ->
     assert "Traceback" not in result.stderr
 
 
+def test_help_is_never_wrapped_in_a_pipe() -> None:
+    """argparse broke every help line at 80 columns in a pipe (``--help | grep`` then missed half a sentence);
+    the commands' help, the subcommands' and the servers' keep each line whole there."""
+    agent_help = ("baseline name (see `rl-llm list`), hf:tiny, hf:PATH, vllm:MODEL, vllm:http://HOST:PORT#MODEL, "
+                  "vllm-serve:MODEL or openai:URL#MODEL")  # fmt: skip
+    result = rl_llm("eval", "--help", columns=None)
+    assert result.returncode == 0 and agent_help in result.stdout, result.stdout
+    result = rl_llm("--help", columns=None)
+    assert "an agent over a versioned suite (--agent), or every baseline on every env" in result.stdout
+    server = subprocess.run([sys.executable, "-m", "rl_llm.integrations.http_server", "--help"], capture_output=True,
+                            text=True, timeout=120, env=cli_env())  # fmt: skip
+    assert server.returncode == 0, server.stderr
+    assert "log every request and WebSocket connection (off: it costs ~20% of a call)" in server.stdout, server.stdout
+
+
 def test_people_console_keeps_messages_whole_and_tables_uncut_outside_a_terminal(monkeypatch) -> None:
     import io
 
@@ -145,3 +168,17 @@ def test_sigusr1_prints_every_threads_stack_and_the_command_goes_on() -> None:
     assert process.returncode == 0, err
     assert "(most recent call first):" in err and 'File "' in err
     assert out.rstrip().endswith("bye")
+
+
+def test_an_out_that_is_a_directory_is_one_line_and_left_alone(tmp_path: Path) -> None:
+    # The atomic write's final rename failed with IsADirectoryError, a traceback naming a temporary file.
+    records = tmp_path / "ucb.jsonl"
+    assert rl_llm("eval", "MultiArmedBandit", "--agent", "ucb", "--episodes", "2", "--out", str(records)).returncode == 0
+    target = tmp_path / "a-directory"
+    (target / "inside").mkdir(parents=True)
+    for args in (("view", str(records.with_suffix(".trajectories.jsonl"))), ("export", str(records), "--format", "sft-jsonl")):
+        result = rl_llm(*args, "--out", str(target))
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert f"error: {target} is a directory; name a file to write instead" in result.stdout
+        assert "Traceback" not in result.stderr
+    assert [p.name for p in target.iterdir()] == ["inside"]

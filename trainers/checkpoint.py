@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -18,9 +19,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from rl_llm.errors import RLLMError
 from rl_llm.paths import atomic_path
 
 LATEST = "latest"
+
+
+class CheckpointError(RLLMError, RuntimeError):
+    """A checkpoint that cannot be read or does not fit this run, with what to do about it."""
 
 
 def rng_state(generator: torch.Generator | None = None) -> dict[str, Any]:
@@ -93,23 +99,34 @@ class Checkpointer:
         return final
 
     def latest(self) -> Path | None:
+        """The checkpoint ``latest`` names; where that file is lost or names a missing directory, the newest
+        ``step_*`` directory (each is whole: renamed into place only once written). Returning None there would
+        start the run over and cut its metrics.jsonl back to step 0."""
         try:
-            name = (self.root / LATEST).read_text(encoding="utf-8").strip()
+            path: Path | None = self.root / (self.root / LATEST).read_text(encoding="utf-8").strip()
         except OSError:
-            return None
-        path = self.root / name
-        return path if (path / "state.json").exists() else None
+            path = None
+        if path is not None and (path / "state.json").exists():
+            return path
+        complete = sorted(p for p in self.root.glob("step_*") if (p / "state.json").exists())
+        return complete[-1] if complete else None
 
     def load(self, path: Path | None = None, map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], dict[str, Any]]:
         """(tensors, state) of ``path`` or of the latest checkpoint."""
         path = path or self.latest()
         if path is None:
             raise FileNotFoundError(f"no checkpoint under {self.root}")
-        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
-        tensors = {
-            file.stem: torch.load(file, map_location=map_location, weights_only=False)
-            for file in sorted(path.glob("*.pt"))
-        }
+        try:
+            state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+            tensors = {
+                file.stem: torch.load(file, map_location=map_location, weights_only=False)
+                for file in sorted(path.glob("*.pt"))
+            }
+        except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
+            # e.g. a file truncated or edited after saving: say which, and how to go on, in one line
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise CheckpointError(f"checkpoint {path} cannot be read ({reason}); delete that directory to resume "
+                                  "from the previous checkpoint, or train into a new --out") from error
         return tensors, state
 
     def _prune(self, keep_name: str) -> None:

@@ -429,7 +429,17 @@ def apply_override(tree: dict[str, Any], pair: str) -> None:
     try:
         node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as error:
-        raise ConfigError(f"override {pair!r}: value is not valid YAML ({error})") from error
+        raise ConfigError(f"override {pair!r}: value is not valid YAML ({_yaml_problem(error)})") from error
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's message on one line ("line 2, column 1: expected the node content, but found '<stream end>'"):
+    its own spans several lines and names the text as "<unicode string>"."""
+    mark = getattr(error, "problem_mark", None)
+    problem = ": ".join(filter(None, (getattr(error, "context", None), getattr(error, "problem", None))))
+    if not problem:
+        return " ".join(str(error).split())
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem
 
 
 def config_from_dict(values: dict[str, Any]) -> TrainConfig:
@@ -443,10 +453,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         try:
             loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        except OSError as error:
+        except (OSError, UnicodeDecodeError) as error:  # missing, a directory, not text
             raise ConfigError(f"cannot read config file {path}: {error}") from error
         except yaml.YAMLError as error:
-            raise ConfigError(f"config file {path} is not valid YAML: {error}") from error
+            raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(error)}") from error
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
         _merge(tree, loaded)

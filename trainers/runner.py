@@ -29,8 +29,14 @@ import rl_llm  # noqa: F401  (registers the environments)
 from rl_llm.envs.base import reported_correct
 from rl_llm.envs.wrappers.action_template import ActionTemplate
 from rl_llm.trainers.batch import TrainBatch, collate
-from rl_llm.trainers.checkpoint import Checkpointer, restore_rng_state, rng_state, write_text_atomic
-from rl_llm.trainers.config import TrainConfig, config_to_dict
+from rl_llm.trainers.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    restore_rng_state,
+    rng_state,
+    write_text_atomic,
+)
+from rl_llm.trainers.config import ConfigError, TrainConfig, config_to_dict
 from rl_llm.trainers.curriculum import TaskSampler, train_env_factory
 from rl_llm.trainers.evaluation import EvalResult, evaluate_baselines, evaluate_llm, print_comparison
 from rl_llm.trainers.filtering import collect_step
@@ -55,7 +61,10 @@ from rl_llm.types import Trajectory
 
 def env_factory(config: TrainConfig) -> Callable[[], gym.Env]:
     def make() -> gym.Env:
-        env = gym.make(config.env.id, **config.env.kwargs)
+        try:
+            env = gym.make(config.env.id, **config.env.kwargs)
+        except TypeError as error:  # a value of the wrong type (env.kwargs.num_arms=abc): one line, not a traceback
+            raise ConfigError(f"env.kwargs: {config.env.id} cannot be built with them: {error}") from error
         return ActionTemplate(env, config.env.action_template) if config.env.action_template else env
 
     return make
@@ -111,8 +120,9 @@ class TrainingRun:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=config.log.keep_checkpoints)
         resume = self.checkpointer.latest()
-        if resume is None:
+        if resume is None:  # a fresh start, also of a run stopped before its first checkpoint (maybe another config)
             write_text_atomic(self.run_dir / "config.yaml", yaml.safe_dump(config_to_dict(config), sort_keys=False))
+            (self.run_dir / "eval_before.json").unlink(missing_ok=True)  # that run's measure, not this one's
         seed_everything(config.seed)
         self.model_path = resolve_model_path(config)
         self._build_models(with_critic)
@@ -365,7 +375,7 @@ class TrainingRun:
         tensors, state = self.checkpointer.load(path, map_location="cpu")
         _, unexpected = self.model.load_state_dict(tensors["policy"], strict=not is_peft(self.model))
         if unexpected:
-            raise RuntimeError(f"checkpoint {path} does not fit the model: unexpected keys {unexpected[:5]}")
+            raise CheckpointError(f"checkpoint {path} does not fit the model: unexpected keys {unexpected[:5]}")
         self.optimizer.load_state_dict(tensors["optimizer"])
         self.scheduler.load_state_dict(tensors["scheduler"])
         if self.critic is not None:

