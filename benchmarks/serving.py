@@ -374,10 +374,12 @@ async def run_load(clients: int, seconds: float, episode: Callable[[Any, Callabl
                 except (aiohttp.ClientError, RuntimeError, asyncio.TimeoutError):
                     errors += 1
 
-        await asyncio.gather(*(client(state) for state in states))
+        try:
+            await asyncio.gather(*(client(state) for state in states))
+        finally:  # a point that fails (a server gone) must not leave the rest of the run's heap frozen
+            gc.unfreeze()
         elapsed = time.perf_counter() - start
         server_cpu, client_cpu = (cpu_s(pid) if pid else 0.0) - server_before, time.process_time() - client_before
-        gc.unfreeze()
         for state in states:  # a clean goodbye, so servers do not log dropped connections
             if hasattr(state, "close"):
                 await state.close()

@@ -28,6 +28,7 @@ from typing import Any
 
 from fastapi import HTTPException
 from fastapi.encoders import jsonable_encoder
+from pydantic_core import PydanticSerializationError, to_json
 from starlette.responses import JSONResponse
 
 Scope = dict[str, Any]
@@ -151,6 +152,18 @@ def answer_validation_errors_safely(app: Any) -> None:
 
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
+
+
+def encode_strict(content: Any) -> bytes:
+    """``content`` (already JSON-shaped) as strict UTF-8 JSON, NaN and infinities as null (pydantic-core's
+    encoder, FastAPI's own). A lone surrogate (an env's error or observation quoting a client's ``"\\ud800"``,
+    which a reset option can carry) is not UTF-8, and the encoder raised: on the WebSocket that dropped the
+    connection and its session, over HTTP it was a bare 500 with a traceback. Only then is the content
+    copied with U+FFFD in its place (``strict_json``), so a normal reply costs nothing more."""
+    try:
+        return to_json(content, inf_nan_mode="null")
+    except PydanticSerializationError:
+        return to_json(strict_json(content), inf_nan_mode="null")
 
 
 def strict_json(value: Any, finite: bool = True) -> Any:

@@ -50,11 +50,16 @@ import gymnasium as gym
 from fastapi import FastAPI, HTTPException, WebSocket
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_core import to_json
 
+from rl_llm.console import ArgumentParser
 from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.envs.registration import env_ids
-from rl_llm.integrations.fast_routes import FastRoute, FastRoutes, answer_validation_errors_safely
+from rl_llm.integrations.fast_routes import (
+    FastRoute,
+    FastRoutes,
+    answer_validation_errors_safely,
+    encode_strict,
+)
 from rl_llm.integrations.generic import EnvFactory, action_from, jsonable, step_info
 from rl_llm.integrations.inline_calls import InlinePolicy, LoopBatch, timed
 from rl_llm.integrations.ws_sessions import serve_session
@@ -485,8 +490,8 @@ def _json(content: dict[str, Any]) -> Any:
 def _encoded(content: dict[str, Any]) -> bytes:
     """A reply's bytes, for the routes and the fast routes alike. The content is JSON-safe already
     (``jsonable``); pydantic-core's encoder (FastAPI's own) writes a NaN or infinity, which strict JSON lacks,
-    as null."""
-    return to_json(content, inf_nan_mode="null")
+    as null, and a lone surrogate as U+FFFD (``encode_strict``)."""
+    return encode_strict(content)
 
 
 async def _gather_items(calls: list[Any]) -> list[dict[str, Any]]:
@@ -537,7 +542,7 @@ class BackgroundServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Serve rl-llm environments over HTTP.")
+    parser = ArgumentParser(description="Serve rl-llm environments over HTTP.")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--env", action="append", dest="envs", help="env id to serve (repeatable; default: all)")

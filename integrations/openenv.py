@@ -40,7 +40,6 @@ the same errors come back as OpenEnv error messages and the connection stays ope
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import inspect
@@ -59,6 +58,7 @@ from openenv.core.env_server.types import Action, EnvironmentMetadata, Observati
 from pydantic import Field
 from pydantic_core import to_json
 
+from rl_llm.console import ArgumentParser
 from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.integrations.fast_routes import (
     FastRoute,
@@ -129,7 +129,21 @@ class Episode:
     steps: int = 0
     total_reward: float = 0.0
     last_used: float = field(default_factory=time.monotonic)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held by the step running on it
+    retired: bool = False  # out of the store: its env is closed as soon as no step runs on it
+    closed: bool = False
+
+    def retire(self) -> None:
+        """Close the env now, or, while a step of it runs, when that step ends (``_step`` calls this again).
+        A reset of the same ``episode_id`` mid-step used to close the env under the running step."""
+        self.retired = True
+        if self.lock.acquire(blocking=False):
+            try:
+                if not self.closed:
+                    self.closed = True
+                    _close_quietly(self.env)
+            finally:
+                self.lock.release()
 
 
 class EpisodeStore:
@@ -150,7 +164,7 @@ class EpisodeStore:
             self._episodes[episode_id] = episode
             evicted = self._expire_locked()
         for stale in ([old] if old is not None and old.env is not episode.env else []) + evicted:
-            _close_quietly(stale.env)
+            stale.retire()
 
     def get(self, episode_id: str) -> Episode:
         with self._lock:
@@ -160,7 +174,7 @@ class EpisodeStore:
                 self._episodes.move_to_end(episode_id)
                 episode.last_used = time.monotonic()
         for stale in evicted:
-            _close_quietly(stale.env)
+            stale.retire()
         if episode is None:
             raise HTTPException(404, f"unknown episode_id {episode_id!r} (expired, evicted or never reset)")
         return episode
@@ -188,7 +202,14 @@ class EpisodeStore:
         with self._lock:
             episodes, self._episodes = list(self._episodes.values()), OrderedDict()
         for episode in episodes:
-            _close_quietly(episode.env)
+            episode.retire()
+
+
+def _check_episode_id(episode_id: Any) -> None:
+    # /step's body and a /ws reset's data take any extra field untyped, so an episode_id may be a list or an
+    # object: as a key of the store that raised TypeError (unhashable), a bare 500 over HTTP.
+    if episode_id is not None and not isinstance(episode_id, str):
+        raise HTTPException(422, f"episode_id must be a string, got {type(episode_id).__name__}")
 
 
 def _close_quietly(env: gym.Env) -> None:
@@ -215,14 +236,18 @@ class RLLMEnvironment(Environment[RLLMAction, RLLMObservation, RLLMState]):
         self._episode: Episode | None = None
 
     # reset(seed, episode_id, **kwargs) / step(action, timeout_s, **kwargs): OpenEnv passes only the request
-    # fields these signatures name, so ``options`` and ``episode_id`` reach us from /reset, /step and /ws.
-    def reset(self, seed: int | None = None, episode_id: str | None = None, options: dict[str, Any] | None = None,
+    # fields these signatures name, so ``options`` and ``episode_id`` reach us from /reset, /step and /ws. Since
+    # they take ``**_``, OpenEnv passes every other field too (its requests allow extra fields): ``self`` is
+    # positional-only so that a request field named "self" lands in ``**_`` instead of raising TypeError (a
+    # bare 500 over HTTP).
+    def reset(self, /, seed: int | None = None, episode_id: str | None = None, options: dict[str, Any] | None = None,
               **_: Any) -> RLLMObservation:  # fmt: skip
         return RLLMObservation(**self._reset(seed, episode_id, options))
 
     def _reset(self, seed: int | None, episode_id: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
         if options is not None and not isinstance(options, dict):
             raise HTTPException(400, f"options must be a JSON object, got {type(options).__name__}")
+        _check_episode_id(episode_id)
         if self._env is None:
             self._env = self._build()
         try:
@@ -239,11 +264,12 @@ class RLLMEnvironment(Environment[RLLMAction, RLLMObservation, RLLMState]):
             self._env = None  # the store owns it now; a later reset of this session builds a fresh env
         return observation_fields(str(text), self._episode, jsonable(info), done=False, reward=None)
 
-    def step(self, action: RLLMAction, timeout_s: float | None = None, episode_id: str | None = None,
+    def step(self, /, action: RLLMAction, timeout_s: float | None = None, episode_id: str | None = None,
              **_: Any) -> RLLMObservation:  # fmt: skip
         return RLLMObservation(**self._step(action, episode_id))
 
     def _step(self, action: RLLMAction, episode_id: str | None) -> dict[str, Any]:
+        _check_episode_id(episode_id)
         episode = self.store.get(episode_id) if episode_id is not None else self._episode
         if episode is None:
             raise HTTPException(409, "no episode running: reset first (over plain HTTP, pass the same episode_id to "
@@ -263,15 +289,17 @@ class RLLMEnvironment(Environment[RLLMAction, RLLMObservation, RLLMState]):
             return self._play(episode, action.message, **extra)
         finally:
             episode.lock.release()
+            if episode.retired:  # replaced or evicted while this step ran: its env closes now
+                episode.retire()
 
     # OpenEnv awaits these on its event loop when an env defines them (instead of a thread hop per call): a
     # call kind proven cheap runs inline, watched; the rest go to a worker (docs/serving.md#inline-calls).
-    async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
+    async def reset_async(self, /, seed: int | None = None, episode_id: str | None = None,
                           options: dict[str, Any] | None = None, **_: Any) -> RLLMObservation:  # fmt: skip
         claim_for_connection(self)
         return RLLMObservation(**await self._run("reset", lambda: self._reset(seed, episode_id, options)))
 
-    async def step_async(self, action: RLLMAction, timeout_s: float | None = None, episode_id: str | None = None,
+    async def step_async(self, /, action: RLLMAction, timeout_s: float | None = None, episode_id: str | None = None,
                          **_: Any) -> RLLMObservation:  # fmt: skip
         claim_for_connection(self)
         return RLLMObservation(**await self._run("step", lambda: self._step(action, episode_id)))
@@ -279,11 +307,11 @@ class RLLMEnvironment(Environment[RLLMAction, RLLMObservation, RLLMState]):
     # The fast paths' twins of the two above: the same calls, answered in openenv-core's wire form
     # (``serialize_observation`` of the observation) without building the pydantic observation and dumping it
     # again, about a fifth of a cheap call in-process (docs/serving.md#openenv-websocket-sessions).
-    async def reset_wire(self, seed: int | None = None, episode_id: str | None = None,
+    async def reset_wire(self, /, seed: int | None = None, episode_id: str | None = None,
                          options: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:  # fmt: skip
         return wire_form(await self._run("reset", lambda: self._reset(seed, episode_id, options)))
 
-    async def step_wire(self, action: RLLMAction, timeout_s: float | None = None, episode_id: str | None = None,
+    async def step_wire(self, /, action: RLLMAction, timeout_s: float | None = None, episode_id: str | None = None,
                         **_: Any) -> dict[str, Any]:  # fmt: skip
         return wire_form(await self._run("step", lambda: self._step(action, episode_id)))
 
@@ -419,7 +447,7 @@ def parse_kwargs(pairs: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     from rl_llm.integrations.http_server import add_web_server_flags, run_web_server
 
-    parser = argparse.ArgumentParser(description="Serve one rl-llm environment with OpenEnv's server.")
+    parser = ArgumentParser(description="Serve one rl-llm environment with OpenEnv's server.")
     parser.add_argument(
         "--env", required=True, help="rl-llm/<Name>-v0, or social/<game> for one seat of a social game"
     )

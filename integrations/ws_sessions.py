@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import HTTPException, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
-from pydantic_core import to_json
+
+from rl_llm.integrations.fast_routes import encode_strict
 
 if TYPE_CHECKING:
     from rl_llm.integrations.http_server import EnvServer, StepRequest
@@ -115,11 +116,12 @@ def _step_model() -> type[StepRequest]:
 
 
 def _encode(reply: dict[str, Any]) -> str:
-    """The reply as strict JSON, the HTTP endpoints' encoder (pydantic-core: NaN and infinity as null). A cheap
+    """The reply as strict JSON, the HTTP endpoints' encoder (``encode_strict``: pydantic-core, NaN and infinity
+    as null, a lone surrogate as U+FFFD, which raised out of the session loop before). A cheap
     env's step is a few tens of microseconds, so per-message overhead is most of the endpoint's cost: this is
     about a quarter of ``json.dumps``'s time on a step reply, and the messages go to ``socket.send`` as they
     are, skipping ``send_text``/``receive_text``'s extra layer (docs/serving.md#websocket-sessions)."""
-    return to_json(reply, inf_nan_mode="null").decode()
+    return encode_strict(reply).decode()
 
 
 def _short(error: ValidationError) -> str:

@@ -14,7 +14,6 @@ Run it: ``python -m rl_llm.envs.retrieval.server --corpus corpus.jsonl --port 80
 
 from __future__ import annotations
 
-import argparse
 import json
 import queue
 import threading
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from rl_llm.console import ArgumentParser
 from rl_llm.envs.retrieval.base import Hit, Retriever
 
 MAX_BODY_BYTES = 8 << 20
@@ -69,9 +69,15 @@ class _Batcher:
         queries = [query for request in batch for query in request.queries]
         try:
             hits = self.retriever.search_batch(queries, max(request.k for request in batch)) if queries else []
-        except Exception as exc:  # the error goes back to every waiting client as HTTP 500
-            for request in batch:
-                request.future.set_exception(exc)
+        except Exception as exc:  # the error goes back to the waiting client as HTTP 500
+            if len(batch) > 1:
+                # Each request alone, so that one client's query the index cannot take (say a lone surrogate
+                # that a transformers tokenizer refuses) fails only that client, not the others it was
+                # batched with.
+                for request in batch:
+                    self._answer([request])
+                return
+            batch[0].future.set_exception(exc)
             return
         self.requests += len(batch)
         self.batches += 1
@@ -92,6 +98,20 @@ def _document(hit: Hit) -> dict[str, Any]:
             "score": hit.score}  # fmt: skip
 
 
+def send_json(handler: BaseHTTPRequestHandler, status: int, data: bytes) -> None:
+    """Answer ``data`` (JSON bytes) with ``status``; a client that hung up before its answer is nobody to tell.
+    Raised on, socketserver printed a traceback per such request (log spam from any client that gives up, e.g.
+    on its own timeout)."""
+    try:
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+    except (BrokenPipeError, ConnectionResetError):
+        handler.close_connection = True
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections
     disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stalls
@@ -101,12 +121,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _send(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body, ensure_ascii=False).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, json.dumps(body, ensure_ascii=False).encode("utf-8"))
 
     def do_GET(self) -> None:
         if self.path != "/health":
@@ -120,6 +135,11 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path != "/retrieve":
             self._send(404, {"error": f"unknown path {self.path}; use POST /retrieve"})
             return
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            # Not read here: the chunks were parsed as the next request on the connection (a second, HTML reply).
+            self.close_connection = True
+            self._send(411, {"error": "send the body with a Content-Length, not chunked"})
+            return
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
@@ -132,7 +152,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(400, {"error": "Content-Length must be a non-negative integer"})
             return
         try:
-            body = json.loads(self.rfile.read(length) or b"null")
+            raw = self.rfile.read(length)
+        except OSError:  # reset by the client: no request to answer (and no traceback for it)
+            raw = b""
+        if len(raw) < length:  # the client hung up mid-body: no request to answer
+            self.close_connection = True
+            return
+        try:
+            body = json.loads(raw or b"null")
             queries, k = self._validate(body)
         except (ValueError, UnicodeDecodeError) as exc:
             self._send(400, {"error": str(exc)})
@@ -215,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     from rl_llm.envs.retrieval.corpus import load_corpus
     from rl_llm.paths import cache_dir as package_cache_dir
 
-    parser = argparse.ArgumentParser(description="Serve BM25 retrieval over a JSONL corpus on localhost.")
+    parser = ArgumentParser(description="Serve BM25 retrieval over a JSONL corpus on localhost.")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--corpus", help='JSONL corpus with {"id","title","text"} lines')
     source.add_argument("--bundled", action="store_true", help="the bundled generated knowledge base")

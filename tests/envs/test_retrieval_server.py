@@ -154,3 +154,64 @@ def test_an_env_closes_the_client_it_made_from_a_url_and_leaves_one_passed_in_op
         passed = gym.make(env_id, retriever=mine)
         passed.close()
         assert mine.search_batch(["Paris"], 1)
+
+
+def test_a_client_that_hangs_up_mid_request_costs_no_traceback(server, capsys) -> None:
+    """A client that gives up (its own timeout, a crash) while the server reads its body or writes its answer:
+    socketserver printed "Exception occurred during processing of request" and a traceback for each."""
+    import struct
+    import time
+
+    host, port = server.url.removeprefix("http://").split(":")
+    for body in (b'{"queries": ["Paris"]}', b'{"queries": ["Par'):  # the whole body, then half of one
+        with socket.create_connection((host, int(port)), timeout=5) as connection:
+            connection.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 22\r\n\r\n" + body)
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close: a reset
+    time.sleep(0.5)  # the handler threads finish
+    with httpx.Client() as http:
+        assert http.post(server.url + "/retrieve", json={"queries": ["Paris"]}).status_code == 200
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_chunked_body_is_refused_once_and_the_connection_closed(server) -> None:
+    """Chunked bodies are not read: the chunks were parsed as a second request on the connection, which got a
+    second (HTML) reply."""
+    host, port = server.url.removeprefix("http://").split(":")
+    body = b'{"queries": ["Paris"]}'
+    with socket.create_connection((host, int(port)), timeout=5) as connection:
+        connection.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))  # fmt: skip
+        reply = b""
+        while chunk := connection.recv(4096):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 411") and reply.count(b"HTTP/1.1") == 1 and b"Content-Length" in reply
+
+
+def test_a_query_the_index_refuses_fails_only_its_own_request(retriever) -> None:
+    """Concurrent requests are searched as one batch; when the index raised on one client's query, every client
+    in that batch got the 500."""
+
+    class Picky:
+        def __len__(self) -> int:
+            return len(retriever)
+
+        def search_batch(self, queries, k):
+            if "boom" in queries:
+                raise UnicodeEncodeError("utf-8", "boom", 0, 1, "the tokenizer refuses it")
+            return retriever.search_batch(queries, k)
+
+    barrier = threading.Barrier(4)
+    statuses: dict[str, int] = {}
+
+    def ask(query: str) -> None:
+        with httpx.Client(timeout=30) as http:
+            barrier.wait()
+            statuses[query] = http.post(server.url + "/retrieve", json={"queries": [query]}).status_code
+
+    with RetrieverServer(Picky(), max_wait_s=0.5) as server:  # a long linger: the four share a batch
+        threads = [threading.Thread(target=ask, args=(query,)) for query in ("boom", "Paris", "river", "capital")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    assert statuses == {"boom": 500, "Paris": 200, "river": 200, "capital": 200}

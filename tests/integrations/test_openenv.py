@@ -267,6 +267,9 @@ def differential_requests() -> list[tuple[str, Any]]:
         ("/step", {"action": {"message": "<move>A1</move>"}, "episode_id": "never"}),  # 404
         ("/reset", {"options": "not a dict"}),  # 400 from the env
         ("/reset", {"seed": 1, "options": {"task_index": "x"}}),  # the env rejects the option: 400
+        ("/reset", {"seed": 2, "self": 1}),  # an extra field named like the method's own argument: 200
+        ("/step", {"action": {"message": "<move>A1</move>"}, "episode_id": ["ep"]}),  # not a string: 422
+        ("/step", {"action": {"message": "<move>A1</move>"}, "self": 1}),  # 409: no episode (not a TypeError)
         ("/step", {"action": {"message": "<move>A1</move>", "opponent_message": "x"}, "episode_id": "ep"}),  # 400
         # Left to openenv-core's routes: its own validation errors (422) and defaults.
         ("/reset", {"seed": -1}),
@@ -480,3 +483,79 @@ def test_hostile_json_gets_an_error_and_leaves_the_session_alive() -> None:
                 assert reply["type"] == "observation" and reply["data"]["observation"]["info"]["invalid_action"], reply
             socket.send_text(json.dumps({"type": "step", "data": {"message": "<move>B2</move>"}}))
             assert socket.receive_json()["type"] == "observation"  # the same session, still playing
+
+
+def test_odd_request_fields_are_answered_not_a_500() -> None:
+    """openenv-core passes every field of a request to the env's methods (its requests allow extra fields, and
+    the env takes ``**kwargs``): a field named ``self`` raised TypeError (multiple values for 'self'), and an
+    ``episode_id`` that is a list or an object raised TypeError in the episode store (unhashable); each was a
+    bare 500 with a traceback over HTTP, with and without the fast path."""
+    from fastapi.testclient import TestClient
+
+    for fast_path in (True, False):
+        app = create_openenv_app(TTT, {"opponent": "minimax"}, max_sessions=2, fast_path=fast_path)
+        with TestClient(app, raise_server_exceptions=False) as client:
+            assert client.post("/reset", json={"seed": 1, "self": 2, "episode_id": "e"}).status_code == 200
+            step = {"action": {"message": "<move>B2</move>"}, "episode_id": "e", "self": 2}
+            assert client.post("/step", json=step).json()["observation"]["text"]
+            for odd in (["e"], {"id": "e"}, 5):
+                reply = client.post("/step", json={**step, "episode_id": odd})
+                assert reply.status_code == 422 and "episode_id must be a string" in reply.json()["detail"], reply.text
+            with client.websocket_connect("/ws") as socket:
+                socket.send_text(json.dumps({"type": "reset", "data": {"seed": 1, "self": 2}}))
+                assert socket.receive_json()["type"] == "observation"
+                socket.send_text(json.dumps({"type": "reset", "data": {"episode_id": ["e"]}}))
+                assert "episode_id must be a string" in socket.receive_json()["data"]["message"]
+
+
+def test_a_reset_of_an_episode_id_mid_step_closes_the_old_env_only_after_that_step() -> None:
+    """Plain HTTP: a client resetting its ``episode_id`` while a step of it still runs (a retry after its own
+    timeout) replaces the episode. The old env used to be closed at once, under the running step (a sandbox
+    torn down mid-command); now it closes when that step ends, and the step answers normally."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rl_llm.envs.base import Outcome, Task, TextEnv
+    from rl_llm.integrations.openenv import EpisodeStore, RLLMAction, RLLMEnvironment
+
+    entered, release = threading.Event(), threading.Event()
+    envs: list[Any] = []
+
+    class GateEnv(TextEnv):
+        """Its step waits for ``release``; records whether it was closed while a step ran."""
+
+        def __init__(self) -> None:
+            super().__init__(max_turns=5)
+            self.stepping = self.closed = self.closed_mid_step = False
+            envs.append(self)
+
+        def _reset(self, options: dict[str, Any]) -> Task:
+            return Task("go", "gate-0", "test env")
+
+        def _step(self, action: str) -> Outcome:
+            self.stepping = True
+            entered.set()
+            release.wait(10)
+            self.stepping = False
+            return Outcome("ok", {"r": 1.0})
+
+        def close(self) -> None:
+            self.closed_mid_step |= self.stepping
+            self.closed = True
+            super().close()
+
+    store = EpisodeStore()
+    first, second = RLLMEnvironment("test/Gate-v0", store=store), RLLMEnvironment("test/Gate-v0", store=store)
+    first._build = second._build = GateEnv  # the env factory, not the thing under test
+    first.reset(seed=0, episode_id="e")
+    with ThreadPoolExecutor(1) as pool:
+        step = pool.submit(first.step, RLLMAction(message="x"), episode_id="e")
+        assert entered.wait(10)
+        second.reset(seed=0, episode_id="e")  # the same id, mid-step
+        assert not envs[0].closed  # its step is still running
+        release.set()
+        assert step.result(10).reward == 1.0
+    assert envs[0].closed and not envs[0].closed_mid_step and not envs[1].closed
+    assert second.step(RLLMAction(message="x"), episode_id="e").reward == 1.0  # the new episode plays on
+    store.close()
+    assert envs[1].closed

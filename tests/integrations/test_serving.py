@@ -383,3 +383,52 @@ def test_both_servers_run_on_uvloop_by_default_and_on_asyncio_when_told(module: 
                 assert reply.status_code == 200, reply.text
             with open(f"/proc/{process.pid}/maps") as maps:
                 assert ("uvloop" in maps.read()) is on_uvloop, argv
+
+
+QUOTE = "test/Quote-v0"
+
+
+class QuoteEnv(TextEnv):
+    """Quotes its reset option ``name`` as it came, unescaped: in its observation, or in the ValueError it
+    raises when ``refuse`` is set (as an env naming a missing task directory does)."""
+
+    def __init__(self) -> None:
+        super().__init__(max_turns=3)
+
+    def _reset(self, options: dict[str, Any]) -> Task:
+        if options.get("refuse"):
+            raise ValueError(f"no task named {options.get('name')}")
+        return Task(f"task {options.get('name')}", "quote-0", "test env")
+
+    def _step(self, action: str) -> Outcome:
+        return Outcome("ok", {"r": 1.0})
+
+
+def test_an_env_quoting_a_lone_surrogate_answers_strict_json_and_keeps_the_session() -> None:
+    """A reset option may carry a lone surrogate escape (``"\\ud800"``: valid JSON, not UTF-8) that the env
+    quotes back. The reply encoder raised on it: the WebSocket session loop died (connection and session
+    lost, a traceback logged) and ``/batch/reset`` and the reset route answered a bare 500."""
+    server = EnvServer(ServerConfig(allowed_env_ids=frozenset({QUOTE})), make_env=lambda *_: QuoteEnv())
+    echo, refuse = b'{"name": "\\ud800"}', b'{"name": "\\ud800", "refuse": true}'
+    strict = {"parse_constant": lambda c: pytest.fail(f"non-strict JSON constant {c}")}
+    with BackgroundServer(server.app) as background, httpx.Client(base_url=background.url, timeout=30) as http:
+        with websockets_sync.connect(background.url.replace("http://", "ws://") + "/sessions/ws") as socket:
+            ws_call(socket, op="create", env_id=QUOTE)
+            socket.send(b'{"op": "reset", "options": %s}'.decode() % echo.decode())
+            assert json.loads(socket.recv(timeout=30), **strict)["observation"].startswith("task \ufffd")
+            socket.send(b'{"op": "reset", "options": %s}'.decode() % refuse.decode())
+            error = json.loads(socket.recv(timeout=30), **strict)["error"]
+            assert error["status"] == 400 and "no task named \ufffd" in error["detail"]
+            assert ws_call(socket, op="reset")["observation"] == "task None"  # the connection and session live on
+        sid = http.post("/sessions", json={"env_id": QUOTE}).json()["session_ids"][0]
+        headers = {"content-type": "application/json"}
+        reply = http.post(f"/sessions/{sid}/reset", content=b'{"options": %s}' % echo, headers=headers)
+        assert reply.status_code == 200 and json.loads(reply.text, **strict)["observation"].startswith("task \ufffd")
+        batch = b'{"items": [{"session_id": "%s", "options": %s}, {"session_id": "%s", "options": %s}]}'
+        sid2 = http.post("/sessions", json={"env_id": QUOTE}).json()["session_ids"][0]
+        reply = http.post("/batch/reset", content=batch % (sid.encode(), refuse, sid2.encode(), echo), headers=headers)
+        assert reply.status_code == 200, reply.text
+        first, second = json.loads(reply.text, **strict)["results"]
+        assert first["error"]["status"] == 400 and "no task named \ufffd" in first["error"]["detail"]
+        assert second["observation"].startswith("task \ufffd")
+        assert http.post(f"/sessions/{sid}/reset", json={}).status_code == 200
