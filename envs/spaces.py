@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import functools
 import string
-from typing import Any
+from typing import Any, NoReturn
 
-from gymnasium.spaces import Text
+import numpy as np
+from gymnasium.error import CustomSpaceError
+from gymnasium.spaces import Box, Text
+from gymnasium.spaces.utils import flatten, flatten_space, unflatten
+from gymnasium.vector.utils import create_shared_memory
 
 # Sampling charset: ASCII printables plus tag characters and a few non-ASCII letters, so random samples
 # exercise parsers without being unreadable.
@@ -76,3 +80,38 @@ class UnicodeText(Text):
     def __hash__(self) -> int:
         return hash((UnicodeText, self.min_length, self.max_length))
 
+
+# Flattening. Gymnasium's ``Text`` flattens each character to its index in the charset, so any character outside
+# ``SAMPLE_CHARSET`` (a tab, the "í" of a SQL result) raised KeyError from ``gymnasium.spaces.utils.flatten``.
+# ``UnicodeText`` holds any str (docs/design.md#the-environment-contract), so it flattens to code points: an
+# int32 array of ``max_length``, padded with ``_PAD``.
+_PAD = 0x110000  # one past the last Unicode code point
+
+
+@flatten.register(UnicodeText)
+def _flatten_unicode_text(space: UnicodeText, x: str) -> np.ndarray:
+    codes = np.full(space.max_length, _PAD, dtype=np.int32)
+    # UTF-32 is one code point per 4 bytes; "surrogatepass" keeps a lone surrogate, which a str may hold.
+    codes[: len(x)] = np.frombuffer(x.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+    return codes
+
+
+@unflatten.register(UnicodeText)
+def _unflatten_unicode_text(space: UnicodeText, x: np.ndarray) -> str:
+    codes = np.asarray(x)
+    return codes[codes != _PAD].astype("<u4").tobytes().decode("utf-32-le", "surrogatepass")
+
+
+@flatten_space.register(UnicodeText)
+def _flatten_unicode_text_space(space: UnicodeText) -> Box:
+    return Box(low=0, high=_PAD, shape=(space.max_length,), dtype=np.int32)
+
+
+@create_shared_memory.register(UnicodeText)
+def _no_unicode_text_shared_memory(space: UnicodeText, n: int = 1, ctx: Any = None) -> NoReturn:
+    """``AsyncVectorEnv(shared_memory=True)``, its default, reads a shared buffer once, at construction, as a
+    view: right for arrays, but a text space's read makes new strings, so every later observation it returned
+    was that first read (a megabyte of one repeated character, whatever the envs said), and a character
+    outside ``SAMPLE_CHARSET`` made ``step`` raise KeyError. Refused as Gymnasium refuses ``Sequence`` spaces:
+    ``AsyncVectorEnv`` then raises a ValueError saying to pass ``shared_memory=False``, which works."""
+    raise CustomSpaceError(f"{space} holds text of any length: for AsyncVectorEnv pass shared_memory=False")
