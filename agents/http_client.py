@@ -1,9 +1,12 @@
 """JSON POSTs to OpenAI-compatible servers with timeouts, retries and errors that say what went wrong.
 
-Retried: timeouts, connection failures, HTTP 408/409/429 and 5xx, and malformed bodies (not JSON, or JSON
-without the fields the caller needs). Not retried: other 4xx (a bad request stays bad). After the last
-attempt a ``BackendError`` names the URL, the attempts and the last failure; a prompt longer than the model's
-context window is a ``ContextLengthExceeded`` (a ``BackendError``), so callers can tell it from a failure.
+Retried: timeouts, connection failures, HTTP 408/409/429 and 5xx, and malformed bodies (not JSON, a body
+that does not decode, or JSON without the fields the caller needs). Not retried: other 4xx (a bad request
+stays bad) and redirects (not followed: a POST would not survive one; the error names where it points).
+``timeout_s`` bounds each attempt as a whole, so a server that trickles its body never holds a request longer.
+After the last attempt a ``BackendError`` names the URL, the attempts and the last failure; a prompt longer
+than the model's context window is a ``ContextLengthExceeded`` (a ``BackendError``), so callers can tell it
+from a failure. ``check_base_url`` refuses a URL that no request could be sent to, when the client is made.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ class RetryingJSONClient:
     ) -> None:
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-        self.base_url = base_url.rstrip("/")
+        self.base_url = check_base_url(base_url).rstrip("/")
         self.headers = dict(headers or {})
         self.timeout_s = timeout_s
         self.max_retries = max_retries
@@ -75,13 +78,21 @@ class RetryingJSONClient:
             delay = 0.0
             async with limit:
                 try:
-                    response = await client.post(path, json=body)
-                except httpx.TimeoutException:
+                    # httpx's timeout is per network operation: a body trickled a byte at a time would never
+                    # trip it, so the whole attempt gets the deadline too.
+                    response = await asyncio.wait_for(client.post(path, json=body), self.timeout_s)
+                except (httpx.TimeoutException, asyncio.TimeoutError):
                     failure = f"no response within {self.timeout_s:g}s (timeout)"
-                except httpx.TransportError as error:
+                except httpx.DecodingError as error:  # e.g. Content-Encoding: gzip on a body that is not
+                    failure = f"malformed response (the body does not decode: {error})"
+                except httpx.RequestError as error:
                     failure = f"connection failed ({type(error).__name__}: {error})"
                 else:
                     status = response.status_code
+                    if 300 <= status < 400:
+                        where = response.headers.get("location", "nowhere")
+                        raise BackendError(f"POST {url} was redirected (HTTP {status}) to {where}; redirects are "
+                                           f"not followed: use the URL it points to")  # fmt: skip
                     if status >= 400:
                         failure = f"HTTP {status}: {_snippet(response.text)}"
                         if status not in RETRYABLE_STATUS and status < 500:
@@ -103,6 +114,24 @@ class RetryingJSONClient:
         clients, self._clients = self._clients, {}
         for client, _ in clients.values():
             await client.aclose()
+
+
+def check_base_url(base_url: str) -> str:
+    """``base_url`` when requests can be sent to it; else a ``ValueError`` saying why (httpx would only fail at
+    the first request, deep inside its transport: an invalid port, no host, a query the path would follow)."""
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL as error:
+        raise ValueError(f"invalid server URL {base_url!r}: {error}") from None
+    if url.scheme not in ("http", "https"):
+        raise ValueError(f"the server URL must start with http:// or https://, got {base_url!r}")
+    if not url.host:
+        raise ValueError(f"the server URL {base_url!r} has no host")
+    if url.port is not None and not 0 < url.port < 65536:
+        raise ValueError(f"the server URL {base_url!r} has port {url.port}, outside 1-65535")
+    if url.query or url.fragment:
+        raise ValueError(f"the server URL {base_url!r} has a query or fragment; request paths are appended to it")
+    return base_url
 
 
 def _snippet(text: str, limit: int = 300) -> str:

@@ -91,8 +91,12 @@ def parse_chat_completion(data: Any, stops: Sequence[str]) -> Completion:
     require("content" in message, "choices[0].message has no 'content'")
     content = message["content"]
     require(content is None or isinstance(content, str), "choices[0].message.content is not a string")
-    text = content or ""
     finish = choice.get("finish_reason")
+    # null content is no text at all (a refusal, tool calls, reasoning only): not an empty answer to play, except
+    # when the token budget ran out first (finish_reason "length", which the turn records).
+    require(content is not None or finish == "length", f"choices[0].message.content is null (finish_reason "
+            f"{finish!r}{', refusal: ' + repr(message['refusal']) if message.get('refusal') else ''})")  # fmt: skip
+    text = content or ""
     if finish == "stop":
         text = restore_stop(text, stops, choice.get("stop_reason"))
     return Completion(text=text, finish_reason=finish if isinstance(finish, str) else None)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
+import math
 import os
 import signal
 import socket
@@ -154,9 +155,9 @@ class VLLMServerPolicy(LLMPolicy):
         }
         if (seed := named_draw_seed(self.seed, request.metadata)) is not None:
             body["seed"] = seed
-        return await self.client.post("/completions", body, self._parse)
+        return await self.client.post("/completions", body, lambda data: self._parse(data, body["max_tokens"]))
 
-    def _parse(self, data: Any) -> Completion:
+    def _parse(self, data: Any, max_tokens: int) -> Completion:
         require(isinstance(data, dict) and isinstance(data.get("choices"), list) and data["choices"], "no 'choices'")
         choice = data["choices"][0]
         logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
@@ -164,8 +165,15 @@ class VLLMServerPolicy(LLMPolicy):
         tokens, values = logprobs.get("tokens"), logprobs.get("token_logprobs")
         require(isinstance(tokens, list) and isinstance(values, list) and len(tokens) == len(values),
                 "logprobs.tokens and logprobs.token_logprobs must be lists of equal length")  # fmt: skip
-        token_ids = [_token_id(token) for token in tokens]
+        # What the trainer reads must be what was generated (agents/llm.py): a finished generation of 1 to
+        # max_tokens tokens, each with a real log-prob. vLLM ends every request with "stop" or "length"; "abort"
+        # (or an engine "error") means the tokens are not a whole answer.
         finish = choice.get("finish_reason")
+        require(finish in ("stop", "length"), f"finish_reason {finish!r}: the server did not finish the generation")
+        require(0 < len(tokens) <= max_tokens, f"{len(tokens)} tokens for a request of at most {max_tokens}")
+        token_ids = [_token_id(token) for token in tokens]
+        require(all(_is_logprob(value) for value in values), f"token_logprobs are not all finite numbers <= 0: "
+                f"{[value for value in values if not _is_logprob(value)][:5]}")  # fmt: skip
         return Completion(self.decode(token_ids), token_ids, [float(v) for v in values], finish)
 
     def close(self) -> None:
@@ -182,16 +190,30 @@ def _served_context_length(base_url: str, model: str) -> int | None:
         entries = response.json().get("data", []) if response.status_code == 200 else []
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
+    if not isinstance(entries, list):
+        return None
     for entry in entries:
-        if isinstance(entry, dict) and entry.get("id") == model and isinstance(entry.get("max_model_len"), int):
-            return int(entry["max_model_len"])
+        length = entry.get("max_model_len") if isinstance(entry, dict) and entry.get("id") == model else None
+        if type(length) is int and length > 0:  # not a bool, not a window no prompt fits
+            return length
     return None
 
 
 def _token_id(token: Any) -> int:
     require(isinstance(token, str) and token.startswith("token_id:"),
             f"expected tokens as 'token_id:N' (return_tokens_as_token_ids), got {token!r}")  # fmt: skip
-    return int(token.removeprefix("token_id:"))
+    token_id = int(token.removeprefix("token_id:"))
+    # the tokenizer's decode takes unsigned 32-bit ids (an OverflowError from inside it otherwise)
+    require(0 <= token_id < 2**32, f"token id {token_id} is out of range")
+    return token_id
+
+
+#: A log-prob a little above 0 is float rounding in log_softmax; more is not a probability.
+_LOGPROB_SLACK = 1e-4
+
+
+def _is_logprob(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and value <= _LOGPROB_SLACK
 
 
 class VLLMServer:

@@ -24,12 +24,17 @@ _FEEDBACK = re.compile(r"Arm ([A-Z]) gave reward (-?[\d.]+)\.")
 _CONTEXT = re.compile(r"Current context: \[([^\]]*)\]")
 
 
-def bandit_statistics(observation: str) -> tuple[np.ndarray, np.ndarray]:
-    """(pulls, reward sums) per arm, parsed from a MultiArmedBandit observation in either history form."""
+def _num_arms(observation: str) -> int:
+    """The number of arms an observation lists; a ValueError naming the missing line when it lists none."""
     arms = _ARMS.search(observation)
     if arms is None:
         raise ValueError("not a bandit observation: no 'Arms: ...' line")
-    num_arms = len(arms[1].split(", "))
+    return len(arms[1].split(", "))
+
+
+def bandit_statistics(observation: str) -> tuple[np.ndarray, np.ndarray]:
+    """(pulls, reward sums) per arm, parsed from a MultiArmedBandit observation in either history form."""
+    num_arms = _num_arms(observation)
     counts, sums = np.zeros(num_arms), np.zeros(num_arms)
     full = _FULL.search(observation)
     if full is not None:
@@ -140,8 +145,7 @@ class LinUCBAgent(TextPolicy):
             if current is not None:
                 context = _vector(current[1])
                 if model is None:
-                    num_arms = len(_ARMS.search(message.content)[1].split(", "))
-                    model = LinUCB(num_arms, len(context), self.alpha)
+                    model = LinUCB(_num_arms(message.content), len(context), self.alpha)
         if model is None or context is None:
             raise ValueError("not a contextual bandit conversation: no 'Current context' line")
         choices = model.choices(context)
@@ -155,5 +159,4 @@ class RandomContextualArm(TextPolicy):
         self.rng = np.random.default_rng(seed)
 
     def respond(self, conversation: list[Message]) -> str:
-        num_arms = len(_ARMS.search(last_user_message(conversation))[1].split(", "))
-        return action(int(self.rng.integers(num_arms)))
+        return action(int(self.rng.integers(_num_arms(last_user_message(conversation)))))

@@ -7,14 +7,19 @@ can be scripted to misbehave first: ``"timeout"`` (answer late), ``"500"``, ``"4
 
 ``CompletionsStub`` serves vLLM's ``/v1/completions`` for token prompts with ``return_tokens_as_token_ids``,
 generating with a real ``HFPolicy``, so the vLLM server client can be tested without vLLM.
+
+``RawStub`` answers every request (GET or POST) with whatever its ``reply(handler, method, path)`` writes to
+``handler.wfile``: bodies that do not decode, trickled bodies, redirects, fields of the wrong type.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -39,9 +44,12 @@ class _Server:
             def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
                 pass
 
+        self._listen(Handler)
+
+    def _listen(self, handler: type[BaseHTTPRequestHandler]) -> None:
         self.lock = threading.Lock()
-        self.requests: list[dict[str, Any]] = []
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.requests: list[Any] = []
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -111,3 +119,37 @@ class CompletionsStub(_Server):
             },
         }
         return 200, {"id": "cmpl-stub", "object": "text_completion", "choices": [choice]}, 0.0
+
+
+def write_response(handler: BaseHTTPRequestHandler, status: int, body: bytes | dict[str, Any],
+                   headers: dict[str, str] | None = None) -> None:  # fmt: skip
+    """A whole response with ``Content-Length`` (a dict body as JSON), through ``handler.wfile`` as it is."""
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    head = {"Content-Type": "application/json", "Content-Length": str(len(data)), **(headers or {})}
+    lines = [f"HTTP/1.1 {status} Scripted"] + [f"{key}: {value}" for key, value in head.items()]
+    handler.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
+
+
+class RawStub(_Server):
+    def __init__(self, reply: Callable[[BaseHTTPRequestHandler, str, str], None]) -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def handle_one_request(self) -> None:  # one request per connection: a reply may leave it in any state
+                self.close_connection = True
+                super().handle_one_request()
+
+            def _reply(self) -> None:
+                if self.command == "POST":
+                    self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with outer.lock:
+                    outer.requests.append((self.command, self.path))
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout)
+                    reply(self, self.command, self.path)
+
+            do_GET = do_POST = _reply
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._listen(Handler)

@@ -1,0 +1,153 @@
+"""The HTTP backends against real misbehaving servers on 127.0.0.1: each fault is a clear ``BackendError`` (or a
+``ValueError`` for a spec no request could be sent to), never a hang, a raw httpx error or a silent wrong result."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rl_llm.agents import make_policy
+from rl_llm.agents.http_client import BackendError
+from rl_llm.agents.llm import GenerationRequest
+from rl_llm.agents.openai_backend import OpenAIPolicy
+from rl_llm.agents.vllm_server import VLLMServerPolicy
+from rl_llm.types import Message
+from tests.agents.stub_servers import RawStub, write_response
+
+Reply = Callable[[BaseHTTPRequestHandler, str, str], None]
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Reply], RawStub]]:
+    servers: list[RawStub] = []
+
+    def start(reply: Reply) -> RawStub:
+        servers.append(RawStub(reply))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def chat(server: RawStub, **options: Any) -> OpenAIPolicy:
+    options = {"timeout_s": 5.0, "max_retries": 1, "backoff_s": 0.01, **options}
+    return OpenAIPolicy(server.url, "stub-model", api_key="sk-test", **options)
+
+
+def ask(policy: Any, **request: Any) -> Any:
+    request.setdefault("messages", [Message("user", "hi")])
+    try:
+        return policy.generate([GenerationRequest(**request)])[0]
+    finally:
+        policy.close()
+
+
+def test_a_body_trickled_past_the_timeout_is_a_timeout_not_a_hang(serve: Callable[[Reply], RawStub]) -> None:
+    def trickle(handler: BaseHTTPRequestHandler, method: str, path: str) -> None:
+        handler.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
+        for _ in range(100):  # 20 s, one byte at a time: each read is well within httpx's per-read timeout
+            handler.wfile.write(b" ")
+            handler.wfile.flush()
+            time.sleep(0.2)
+
+    started = time.monotonic()
+    with pytest.raises(BackendError, match=r"no response within 1s \(timeout\)"):
+        ask(chat(serve(trickle), timeout_s=1.0, max_retries=0))
+    assert time.monotonic() - started < 5
+
+
+def test_a_body_that_does_not_decode_is_a_malformed_response(serve: Callable[[Reply], RawStub]) -> None:
+    server = serve(lambda handler, *_: write_response(handler, 200, b"not gzip", {"Content-Encoding": "gzip"}))
+    with pytest.raises(BackendError, match=r"failed after 2 attempt\(s\): malformed response \(the body does not decode"):
+        ask(chat(server))
+    assert len(server.requests) == 2
+
+
+def test_a_redirect_is_not_followed_and_says_where_it_points(serve: Callable[[Reply], RawStub]) -> None:
+    elsewhere = "https://api.example.com/v1/chat/completions"
+    server = serve(lambda handler, *_: write_response(handler, 307, b"", {"Location": elsewhere}))
+    with pytest.raises(BackendError, match=rf"redirected \(HTTP 307\) to {elsewhere}"):
+        ask(chat(server))
+    assert len(server.requests) == 1, "a redirect is answered the same every time: not retried"
+
+
+@pytest.mark.parametrize("spec", [
+    "openai:http://127.0.0.1:99999/v1#m",  # anyio's ExceptionGroup(OverflowError) at the first request, before
+    "openai:http://127.0.0.1:abc/v1#m",  # httpx.InvalidURL at the first request
+    "openai:http://#m",  # no host: a DNS failure for "" on every request
+    "openai:http://127.0.0.1:8000/v1?key=x#m",  # the path would go after the query
+])  # fmt: skip
+def test_a_server_url_no_request_could_reach_is_refused_when_the_agent_is_made(spec: str) -> None:
+    with pytest.raises(ValueError, match="server URL"):
+        make_policy(spec, "rl-llm/TicTacToe-v0")
+
+
+def _chat_reply(message: dict[str, Any], finish: str) -> Reply:
+    body = {"choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}]}
+    return lambda handler, *_: write_response(handler, 200, body)
+
+
+def test_null_content_is_no_answer_to_play(serve: Callable[[Reply], RawStub]) -> None:
+    refused = serve(_chat_reply({"content": None, "refusal": "I can't help with that."}, "stop"))
+    with pytest.raises(BackendError, match=r"content is null \(finish_reason 'stop', refusal: \"I can't help"):
+        ask(chat(refused))
+    # the budget ran out before any text (a reasoning model): an empty turn, which records finish_reason "length"
+    completion = ask(chat(serve(_chat_reply({"content": None}, "length"))))
+    assert (completion.text, completion.finish_reason) == ("", "length")
+
+
+# -- the vLLM server client: token ids and log-probs are what the trainer learns from ----------------------
+def _completions(tokens: list[Any], logprobs: list[Any] | bytes, finish: Any = "stop") -> bytes:
+    values = logprobs.decode() if isinstance(logprobs, bytes) else ", ".join(map(repr, logprobs)).replace("'", '"')
+    quoted = ", ".join(f'"token_id:{token}"' for token in tokens)
+    finish_json = f'"{finish}"' if isinstance(finish, str) else "null"
+    return (f'{{"choices": [{{"index": 0, "text": "", "finish_reason": {finish_json}, '
+            f'"logprobs": {{"tokens": [{quoted}], "token_logprobs": [{values}]}}}}]}}').encode()  # fmt: skip
+
+
+def vllm_client(server: RawStub, tokenizer_dir: Path) -> VLLMServerPolicy:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    return VLLMServerPolicy(server.url, "stub-model", tokenizer=tokenizer, timeout_s=5.0, max_retries=0)
+
+
+def test_the_vllm_client_takes_a_well_formed_completion(serve: Callable[[Reply], RawStub], tiny_model_dir: Path) -> None:
+    server = serve(lambda handler, *_: write_response(handler, 200, _completions([5, 6], [-0.25, 0.0])))
+    completion = ask(vllm_client(server, tiny_model_dir), prompt_ids=[1, 2], max_new_tokens=4)
+    assert completion.token_ids == [5, 6] and completion.logprobs == [-0.25, 0.0]
+    assert completion.finish_reason == "stop" and completion.text
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    (_completions(list(range(5, 15)), [-0.1] * 10), r"10 tokens for a request of at most 4"),
+    (_completions([], []), r"0 tokens for a request of at most 4"),
+    (_completions([5], [-0.1], finish="abort"), r"finish_reason 'abort': the server did not finish"),
+    (_completions([5], [-0.1], finish=None), r"finish_reason None"),
+    (_completions([-1], [-0.1]), r"token id -1 is out of range"),  # was an OverflowError from the tokenizer
+    (_completions([5, 6], b"-0.1, NaN"), r"token_logprobs are not all finite numbers <= 0: \[nan\]"),
+    (_completions([5], [2.5]), r"token_logprobs are not all finite numbers <= 0: \[2.5\]"),
+    (_completions([5], ["-0.5"]), r"token_logprobs are not all finite numbers <= 0: \['-0.5'\]"),
+])  # fmt: skip
+def test_the_vllm_client_refuses_tokens_and_logprobs_that_are_not_a_generation(
+    serve: Callable[[Reply], RawStub], tiny_model_dir: Path, body: bytes, reason: str
+) -> None:
+    server = serve(lambda handler, *_: write_response(handler, 200, body))
+    with pytest.raises(BackendError, match=rf"malformed response \({reason}"):
+        ask(vllm_client(server, tiny_model_dir), prompt_ids=[1, 2], max_new_tokens=4)
+
+
+@pytest.mark.parametrize("models", [{"data": 5}, {"data": [{"id": "stub-model", "max_model_len": True}]},
+                                    {"data": [{"id": "stub-model", "max_model_len": 0}]}])  # fmt: skip
+def test_an_odd_model_list_gives_no_context_window(
+    serve: Callable[[Reply], RawStub], tiny_model_dir: Path, models: dict[str, Any]
+) -> None:
+    policy = vllm_client(serve(lambda handler, *_: write_response(handler, 200, models)), tiny_model_dir)
+    assert getattr(policy, "max_context_tokens", None) is None
+    policy.close()
