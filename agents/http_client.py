@@ -72,7 +72,7 @@ class RetryingJSONClient:
     async def post(self, path: str, body: dict[str, Any], parse: Callable[[Any], T]) -> T:
         """POST ``body`` and return ``parse(json)``; ``parse`` raises ``MalformedResponse`` on a bad body."""
         client, limit = self._client()
-        url = f"{self.base_url}{path}"
+        url = f"{shown_url(self.base_url)}{path}"  # for messages: they reach logs and trajectory records
         failure = ""
         for attempt in range(self.max_retries + 1):
             delay = 0.0
@@ -132,6 +132,16 @@ def check_base_url(base_url: str) -> str:
     if url.query or url.fragment:
         raise ValueError(f"the server URL {base_url!r} has a query or fragment; request paths are appended to it")
     return base_url
+
+
+def shown_url(base_url: str) -> str:
+    """``base_url`` as names and messages show it: credentials in it (``https://user:key@host/v1``, or a token
+    as the user name) as ``***``. A policy's name goes into every trajectory record, bench result and log line."""
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL:
+        return base_url
+    return str(url.copy_with(username="***", password=None)) if url.userinfo else base_url
 
 
 def _snippet(text: str, limit: int = 300) -> str:

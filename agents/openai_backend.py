@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rl_llm.agents.aio import run_sync
-from rl_llm.agents.http_client import RetryingJSONClient, require
+from rl_llm.agents.http_client import RetryingJSONClient, require, shown_url
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams
 from rl_llm.agents.policy import Completion
 
@@ -48,7 +48,7 @@ class OpenAIPolicy(LLMPolicy):
         if not model:
             raise ValueError("a model name is required (spec openai:URL#MODEL)")
         self.model_name = model
-        self.name = f"openai:{base_url}#{model}"
+        self.name = f"openai:{shown_url(base_url)}#{model}"
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         self.client = RetryingJSONClient(
             base_url,

@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 
 from rl_llm.agents.aio import run_sync
-from rl_llm.agents.http_client import RetryingJSONClient, require
+from rl_llm.agents.http_client import RetryingJSONClient, require, shown_url
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams, named_draw_seed
 from rl_llm.agents.policy import Completion
 from rl_llm.agents.vllm_backend import _load_tokenizer, engine_arg_names, require_vllm
@@ -103,7 +103,7 @@ class VLLMServerPolicy(LLMPolicy):
         if not base_url.endswith("/v1"):
             base_url += "/v1"
         self.base_url = base_url
-        self.name = f"vllm:{base_url}#{self.model_name}"
+        self.name = f"vllm:{shown_url(base_url)}#{self.model_name}"
         self.client = RetryingJSONClient(base_url, **self._client_options)
         # The served context window bounds each episode (the rollout engine ends it there, as truncated).
         context = _served_context_length(base_url, self.model_name)

@@ -88,6 +88,18 @@ def test_a_server_url_no_request_could_reach_is_refused_when_the_agent_is_made(s
         make_policy(spec, "rl-llm/TicTacToe-v0")
 
 
+def test_credentials_in_a_server_url_stay_out_of_names_and_errors(serve: Callable[[Reply], RawStub]) -> None:
+    """A policy's name goes into every trajectory record and bench result, its errors into logs: a key written
+    in the URL (``https://user:KEY@host``) was in all of them."""
+    failing = serve(lambda handler, *_: write_response(handler, 400, {"error": "bad request"}))
+    url = failing.url.replace("http://", "http://me:sk-secret-123@")
+    policy = OpenAIPolicy(url, "stub-model", timeout_s=5.0, max_retries=0)
+    assert policy.name == f"openai:{failing.url.replace('http://', 'http://***@')}#stub-model"
+    with pytest.raises(BackendError) as error:
+        ask(policy)
+    assert "sk-secret-123" not in str(error.value) and "***@" in str(error.value)
+
+
 def _chat_reply(message: dict[str, Any], finish: str) -> Reply:
     body = {"choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}]}
     return lambda handler, *_: write_response(handler, 200, body)
