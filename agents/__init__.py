@@ -75,7 +75,7 @@ def make_policy(spec: str, env_id: str, seed: int | None = None, **options: Any)
 
     if backend == "vllm-serve":
         return VLLMServerPolicy.launch(target, sampling=sampling, **options)
-    if target.startswith(("http://", "https://")):
+    if target.lower().startswith(("http://", "https://")):  # URL schemes are case-blind (RFC 3986)
         url, model = _url_and_model(spec, target)
         return VLLMServerPolicy(url, model, sampling=sampling, **options)
     from rl_llm.agents.vllm_backend import VLLMPolicy
@@ -85,7 +85,7 @@ def make_policy(spec: str, env_id: str, seed: int | None = None, **options: Any)
 
 def _url_and_model(spec: str, target: str) -> tuple[str, str]:
     url, sep, model = target.partition("#")
-    if not sep or not model or not url.startswith(("http://", "https://")):
+    if not sep or not model or not url.lower().startswith(("http://", "https://")):
         raise ValueError(f"{spec!r}: expected URL#MODEL, e.g. openai:https://api.openai.com/v1#gpt-4o-mini")
     return url, model
 

@@ -43,7 +43,7 @@ class OpenAIPolicy(LLMPolicy):
         extra_body: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(sampling, stop)
-        if not base_url.startswith(("http://", "https://")):
+        if not base_url.lower().startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
         if not model:
             raise ValueError("a model name is required (spec openai:URL#MODEL)")

@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 
 from rl_llm.agents.aio import run_sync
-from rl_llm.agents.http_client import RetryingJSONClient, require, shown_url
+from rl_llm.agents.http_client import RetryingJSONClient, check_base_url, require, shown_url
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams, named_draw_seed
 from rl_llm.agents.policy import Completion
 from rl_llm.agents.vllm_backend import _load_tokenizer, engine_arg_names, require_vllm
@@ -93,6 +93,7 @@ class VLLMServerPolicy(LLMPolicy):
         # hf backend seeds them (named_draw_seed); without one the server's own sampling stream is used.
         self.seed = seed
         self.model_name = model
+        check_base_url(base_url)  # before the tokenizer, which may go to the Hub: a bad URL is said at once
         self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(model)
         self._client_options = {"timeout_s": timeout_s, "max_retries": max_retries, "max_concurrency": max_concurrency}
         self.server = server

@@ -26,7 +26,7 @@ class RetrieverClient:
     requests of ``max_batch`` queries."""
 
     def __init__(self, url: str, *, timeout: float = 30.0, max_batch: int = 256) -> None:
-        if not url.startswith(("http://", "https://")):
+        if not url.lower().startswith(("http://", "https://")):
             raise ValueError(f"retriever url must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")
         self.max_batch = max_batch

@@ -43,7 +43,7 @@ def resolve_retriever(retriever: Retriever | str, corpus: str | os.PathLike[str]
                       cache_dir: str | os.PathLike[str] | None) -> Retriever:  # fmt: skip
     """``"bm25"`` (shared in-process index over the corpus), an ``http://`` URL (a retriever server), or any
     object with ``search_batch``."""
-    if isinstance(retriever, str) and retriever.startswith(("http://", "https://")):
+    if isinstance(retriever, str) and retriever.lower().startswith(("http://", "https://")):
         return RetrieverClient(retriever)
     if retriever == "bm25":
         # A file corpus is keyed by path and modification time, so an edited file gets a fresh index.

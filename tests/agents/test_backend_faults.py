@@ -82,6 +82,7 @@ def test_a_redirect_is_not_followed_and_says_where_it_points(serve: Callable[[Re
     "openai:http://127.0.0.1:abc/v1#m",  # httpx.InvalidURL at the first request
     "openai:http://#m",  # no host: a DNS failure for "" on every request
     "openai:http://127.0.0.1:8000/v1?key=x#m",  # the path would go after the query
+    "vllm:HTTP://127.0.0.1:99999/v1#m",  # an upper-case scheme was not a server: in-process vLLM tried "HTTP://..."
 ])  # fmt: skip
 def test_a_server_url_no_request_could_reach_is_refused_when_the_agent_is_made(spec: str) -> None:
     with pytest.raises(ValueError, match="server URL"):
