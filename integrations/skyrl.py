@@ -15,13 +15,14 @@ calls ``init(prompt)`` for the opening conversation and ``step(llm_text)`` until
     out = env.step("<move>B2</move>")          # {"observations": [...], "reward", "done", "metadata"}
 
 ``env_config`` holds the env's constructor kwargs (SkyRL passes ``generator.skyrl_gym.<env_class>`` from its
-config); a dataset row's ``extra_info.rl_llm_task`` (``{"seed", "options"}``) picks the episode. ``init``
+config); a dataset row's ``extra_info.rl_llm_task`` (``{"seed", "options"}``, as JSON) picks the episode. ``init``
 replaces the prompt with the env's own opening (system prompt + first observation), which is also what
 ``make_skyrl_dataset`` stored. ``metadata`` is rl-llm's step info (reward components, metrics, task_id).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -58,7 +59,8 @@ class RLLMSkyRLEnv(BaseTextEnv):
             raise ValueError("no rl-llm env id: register_skyrl_envs() or pass env_config={'env_id': ...}")
         extras = dict(extras or {})
         info = extras.get("extra_info") or {}
-        self.task = extras.get(TASK_KEY) or (info.get(TASK_KEY) if isinstance(info, Mapping) else None)
+        task = extras.get(TASK_KEY) or (info.get(TASK_KEY) if isinstance(info, Mapping) else None)
+        self.task: Mapping[str, Any] | None = json.loads(task) if isinstance(task, str) else task
         self.messages = MessageEnv(make_env(self.env_id, **config))
         self.max_turns = int(
             getattr(self.messages.env.unwrapped, "max_turns", 0) or extras.get("max_turns", 1)
@@ -119,7 +121,9 @@ def make_skyrl_dataset(env_id: str, seeds: Iterable[int], options: Mapping[str, 
     try:
         for seed in seeds:
             task = {"seed": int(seed), "options": dict(options or {})}
-            rows.append({"prompt": env.reset(task), "env_class": env_id, "extra_info": {TASK_KEY: task}})
+            # The task goes in as JSON (as in integrations/verl.py): SkyRL reads its dataset from parquet, which
+            # cannot store the empty ``options`` struct and would merge different rows' options into one schema.
+            rows.append({"prompt": env.reset(task), "env_class": env_id, "extra_info": {TASK_KEY: json.dumps(task)}})
     finally:
         env.close()
     return rows

@@ -17,8 +17,9 @@ environment, its tools, its sandbox and its reward are exactly rl-llm's::
     )
 
 The model ends an episode by calling its final tool (``answer``, ``submit_sql``, ``finish``); the reward is
-the episode's return in the env (0 when it never finished). ``reset`` reads the row's ``rl_llm_task``
-(``{"seed", "options"}`` as JSON, written by ``make_tool_dataset``) so every row is a reproducible task.
+the episode's return in the env (0 when it never finished, ``None``, unscored, when the env raised). ``reset``
+reads the row's ``rl_llm_task`` (``{"seed", "options"}`` as JSON, written by ``make_tool_dataset``) so every
+row is a reproducible task.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class RLLMToolEnvironment:
         self._env = MessageEnv(make_env(self.env_id, **{**self.default_kwargs, **env_kwargs}))
         self._return = 0.0
         self._done = True
+        self._failed = False  # the env raised during this episode: its return is no score
         self._last_info: dict[str, Any] = {}
 
     def reset(self, rl_llm_task: str | Mapping[str, Any] | None = None, **_: Any) -> str:
@@ -57,18 +59,27 @@ class RLLMToolEnvironment:
         task = json.loads(rl_llm_task) if isinstance(rl_llm_task, str) else rl_llm_task
         seed, options = parse_task(task)
         messages = self._env.reset({"seed": seed, "options": options})
-        self._return, self._done, self._last_info = 0.0, False, {}
+        self._return, self._done, self._failed, self._last_info = 0.0, False, False, {}
         return f"{messages[-1]['content']}\n\n{self.instructions}".rstrip()
 
-    def get_reward(self) -> float:
-        """The episode's return in the rl-llm env (what TRL's GRPO optimizes)."""
-        return self._return
+    def get_reward(self) -> float | None:
+        """The episode's return in the rl-llm env (what TRL's GRPO optimizes); ``None`` (unscorable) when the env
+        raised during the episode."""
+        return None if self._failed else self._return
 
     def _act(self, action: str) -> str:
         """Step the env with one action text; the observation goes back to the model as the tool's result."""
         if self._done:
             return ENDED
-        observation, reward, done, info = self._env.step(action)
+        try:
+            observation, reward, done, info = self._env.step(action)
+        except Exception as error:
+            # An env error ends this episode only (docs/design.md#agents-and-the-episode-loop): TRL turns the raise
+            # into the tool's error message, later calls get ENDED instead of stepping a broken env, and the
+            # partial return is not passed off as the episode's score (None: GRPO leaves it unscored, as the
+            # rollout_func adapter, integrations/trl.py, does for failed episodes).
+            self._done, self._failed = True, True
+            raise RuntimeError(f"the environment failed; the episode is over: {error!r}") from error
         self._return += reward
         self._done, self._last_info = done, info
         if done:

@@ -46,6 +46,13 @@ def _content(message: Any) -> str:
     return content or ""
 
 
+class EnvError(vf.Error):
+    """The rl-llm env raised during a rollout. verifiers' rollout loop records a ``vf.Error`` in
+    ``state["error"]`` and ends that rollout only; any other exception escapes ``rollout`` and aborts the whole
+    ``generate`` with every other rollout in it (docs/design.md#agents-and-the-episode-loop: an error in one
+    environment ends that episode only)."""
+
+
 class RLLMMultiTurnEnv(vf.MultiTurnEnv):
     """A verifiers ``MultiTurnEnv`` driving one rl-llm env per rollout."""
 
@@ -59,14 +66,21 @@ class RLLMMultiTurnEnv(vf.MultiTurnEnv):
         env = MessageEnv(make_env(self.rl_llm_env_id, **self.rl_llm_kwargs))
         info = state.get("info") or {}
         task = info.get(TASK_KEY) if isinstance(info, Mapping) else None
-        await asyncio.to_thread(env.reset, dict(task) if task else None)
+        try:
+            await asyncio.to_thread(env.reset, dict(task) if task else None)
+        except Exception as error:
+            await asyncio.to_thread(env.close)  # not in self._envs yet, so close_env would never see it
+            raise EnvError(f"{self.rl_llm_env_id} reset failed: {error!r}") from error
         self._envs[state["trajectory_id"]] = env
         state["rl_llm"] = {"return": 0.0, "turns": 0, "reward_components": {}, "metrics": {}, "task_id": env.task_id}
         return state
 
     async def env_response(self, messages: Sequence[Any], state: vf.State, **kwargs: Any) -> list[dict[str, str]]:
         env = self._envs[state["trajectory_id"]]
-        new_messages, reward, done, info = await asyncio.to_thread(env.step, _content(messages[-1]))
+        try:
+            new_messages, reward, done, info = await asyncio.to_thread(env.step, _content(messages[-1]))
+        except Exception as error:
+            raise EnvError(f"{self.rl_llm_env_id} step failed: {error!r}") from error
         record = state["rl_llm"]
         record["return"] += reward
         record["turns"] += 1

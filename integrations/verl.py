@@ -137,6 +137,7 @@ def _agent_loop_class() -> type:
             logprobs: list[float] | None = None
             rewards: list[float] = []
             info: dict[str, Any] = {}
+            env_error: str | None = None
             timing: dict[str, float] = {}
             # one id per episode, so every turn goes to the server holding its prefix (verl's sticky sessions);
             # under full determinism it follows the sample, as in verl's own agent loops
@@ -159,7 +160,14 @@ def _agent_loop_class() -> type:
                 runtime_ids = merged.token_ids
                 action = self.tokenizer.decode(output.token_ids, skip_special_tokens=True)
                 messages.append({"role": "assistant", "content": action})
-                new_messages, reward, done, info = await loop.run_in_executor(None, env.step, action)
+                try:
+                    new_messages, reward, done, info = await loop.run_in_executor(None, env.step, action)
+                except Exception as error:
+                    # An env error ends this episode only (docs/design.md#agents-and-the-episode-loop): raised out
+                    # of run, it would fail verl's whole batch (AgentLoopWorker gathers every sample's loop), so
+                    # the episode stops here with the rewards it had and says why in extra_fields["env_error"].
+                    env_error = f"{type(error).__name__}: {error}"
+                    break
                 rewards.append(reward)
                 if done:
                     break
@@ -183,7 +191,7 @@ def _agent_loop_class() -> type:
                 metrics=timing,
                 extra_fields={
                     "turn_scores": rewards, "tool_rewards": [], "task_id": env.task_id,
-                    "env_metrics": info.get("metrics", {}), "episode_done": env.done,
+                    "env_metrics": info.get("metrics", {}), "episode_done": env.done, "env_error": env_error,
                 },
             )  # fmt: skip
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from tests.extras import import_extra
@@ -26,7 +29,7 @@ def test_tictactoe_episode_through_skyrl_make_and_step() -> None:
     register_skyrl_envs()
     rows = make_skyrl_dataset("rl-llm/TicTacToe-v0", seeds=[4, 5], opponent="minimax")
     assert [row["env_class"] for row in rows] == ["rl-llm/TicTacToe-v0"] * 2
-    assert rows[0]["extra_info"]["rl_llm_task"] == {"seed": 4, "options": {}}
+    assert json.loads(rows[0]["extra_info"]["rl_llm_task"]) == {"seed": 4, "options": {}}
     # The way SkyRL's generator builds an env: env_config from its config (an OmegaConf node), extras from the row.
     env = skyrl_gym.make(
         "rl-llm/TicTacToe-v0",
@@ -84,3 +87,24 @@ def test_unknown_env_or_kwargs_fail_clearly() -> None:
 
     with pytest.raises(ValueError, match="env id"):
         RLLMSkyRLEnv(env_config={}, extras={})
+
+
+def test_dataset_rows_survive_parquet_as_skyrl_reads_them(tmp_path: Path) -> None:
+    """SkyRL's trainer reads its dataset from parquet: the rows must write (an empty ``options`` dict used to be
+    an empty struct, which parquet refuses) and come back to the same episodes; a dict task still works."""
+    datasets = pytest.importorskip("datasets", reason="needs datasets (SkyRL reads its parquet with it)")
+    register_skyrl_envs()
+    rows = make_skyrl_dataset("rl-llm/MultiArmedBandit-v0", seeds=[3, 4])
+    path = tmp_path / "train.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    back = list(datasets.load_dataset("parquet", data_files=str(path), split="train"))
+    for row, original in zip(back, rows, strict=True):
+        # SkyRL's env_extras: the row's fields other than the prompt and env class
+        extras = {key: value for key, value in row.items() if key not in ("prompt", "env_class")}
+        env = skyrl_gym.make(row["env_class"], env_config={}, extras=extras)
+        assert env.init(row["prompt"])[0] == original["prompt"]
+        env.close()
+    as_dict = {"extra_info": {"rl_llm_task": {"seed": 3, "options": {}}}}
+    env = skyrl_gym.make("rl-llm/MultiArmedBandit-v0", env_config={}, extras=as_dict)
+    assert env.init([])[0] == rows[0]["prompt"]
+    env.close()

@@ -126,3 +126,28 @@ def test_grpo_trainer_with_environment_factory(tmp_path: Path) -> None:
     for step, value in enumerate(logged):
         batch = RecordingSQL.rewards[2 * step : 2 * step + 2]
         assert math.isclose(value, sum(batch) / 2, abs_tol=1e-6)  # GRPO's reward is the env's return
+
+
+def test_an_env_error_ends_the_episode_unscored_and_the_instance_is_reused() -> None:
+    """TRL turns a tool's raise into the tool's error message and reuses the instance for later rows: the episode
+    must end there (no stepping a broken env), score ``None`` (GRPO leaves it unscored, not a real 0 or partial
+    return), and the next ``reset`` must start a clean episode."""
+
+    class Flaky(gym.Wrapper):
+        fail = True
+
+        def step(self, action: str):  # type: ignore[no-untyped-def]
+            if Flaky.fail:
+                raise OSError("sandbox died")
+            return self.env.step(action)
+
+    tools = ToolCallsEnvironment()
+    tools._env.env = Flaky(tools._env.env)
+    tools.reset(json.dumps({"seed": 1}))
+    with pytest.raises(RuntimeError, match="sandbox died"):
+        tools.calculator("1 + 1")
+    Flaky.fail = False
+    assert tools.calculator("1 + 1") == ENDED and tools.get_reward() is None
+    tools.reset(json.dumps({"seed": 1}))
+    assert "2" in tools.calculator("1 + 1") and tools.get_reward() == 0.0
+    tools._close()

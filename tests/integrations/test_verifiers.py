@@ -85,3 +85,52 @@ def test_verifiers_evaluate_against_a_real_server(vllm_server: Any) -> None:
         # Every rollout ran the env to its end (3 pulls), and its reward is the env's return for those turns.
         assert sum(1 for m in conversation if (m["role"] if isinstance(m, dict) else m.role) == "assistant") == 3
         assert output["reward"] == pytest.approx(_replay(conversation, seed))
+
+
+def test_an_env_error_ends_its_own_rollout_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An env raising in reset or step is that rollout's ``error``; the other rollouts of the same ``generate``
+    still run to the end (before, the exception escaped verifiers' rollout loop and aborted the whole run)."""
+    from openai.types.chat import ChatCompletion
+    from verifiers.clients.openai_chat_completions_client import OpenAIChatCompletionsClient
+
+    import rl_llm.integrations.verifiers_env as adapter
+
+    class Scripted(OpenAIChatCompletionsClient):  # the model always pulls arm 1
+        async def get_native_response(self, prompt: Any, model: str, sampling_args: Any, tools: Any = None, **_: Any) -> Any:
+            return ChatCompletion.model_validate({
+                "id": "x", "object": "chat.completion", "created": 0, "model": model,
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "<arm>1</arm>"}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            })  # fmt: skip
+
+    closed: list[int | None] = []
+
+    class Faulty(gym.Wrapper):  # seed 10 fails in step, seed 11 in reset, seed 12 works
+        def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+            self.seed_ = seed
+            if seed == 11:
+                raise RuntimeError("reset exploded")
+            return self.env.reset(seed=seed, options=options)
+
+        def step(self, action: str) -> Any:
+            if self.seed_ == 10:
+                raise RuntimeError("step exploded")
+            return self.env.step(action)
+
+        def close(self) -> None:
+            closed.append(getattr(self, "seed_", None))
+            self.env.close()
+
+    env = load_environment(BANDIT, num_examples=3, seed=10, horizon=3)
+    make_env = adapter.make_env
+    monkeypatch.setattr(adapter, "make_env", lambda env_id, **kwargs: Faulty(make_env(env_id, **kwargs)))
+    results = env.evaluate_sync(Scripted(object()), model="m", num_examples=3, rollouts_per_example=2)
+    outputs = {(output["info"]["rl_llm_task"]["seed"], n): output for n, output in enumerate(results["outputs"])}
+    assert len(outputs) == 6
+    for (seed, _), output in outputs.items():
+        if seed == 12:
+            assert output.get("error") is None and output["reward"] == pytest.approx(_replay(
+                list(output["prompt"]) + list(output["completion"]), seed))
+        else:
+            assert "exploded" in output["error"]["message"]
+    assert sorted(closed) == [10, 10, 11, 11, 12, 12] and not env._envs  # every env closed, none kept

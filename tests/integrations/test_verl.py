@@ -195,3 +195,30 @@ def test_agent_loop_stops_at_the_response_length(tmp_path: Path) -> None:
     assert len(output.response_ids) == len(output.response_mask) <= 160
     assert output.extra_fields["episode_done"] is False  # cut by the budget, reported as unfinished
     assert output.reward_score == pytest.approx(sum(output.extra_fields["turn_scores"]))
+
+
+def test_an_env_error_ends_its_own_episode_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An env raising in step ends that sample's episode with what it played and says why; the other samples
+    play on (raised out of ``run``, it would fail every sample verl's worker gathers with it)."""
+    _verl_agent_loop()
+
+    class FailingOnSeed3(adapter.MessageEnv):
+        def reset(self, task: Any = None) -> Any:
+            self.seed = task["seed"]
+            return super().reset(task)
+
+        def step(self, messages: Any) -> Any:
+            if self.seed == 3 and getattr(self, "stepped", False):
+                raise OSError("sandbox died")
+            self.stepped = True
+            return super().step(messages)
+
+    monkeypatch.setattr(adapter, "MessageEnv", FailingOnSeed3)
+    rows = adapter.verl_rows(TTT, [3, 4], env_kwargs={"max_illegal_moves": 20})
+    outputs, _, _ = _run_episodes(adapter.write_verl_dataset(tmp_path / "t.parquet", rows), response_length=4096, max_new_tokens=12)
+    failed, played = outputs
+    assert failed.extra_fields["env_error"] == "OSError: sandbox died"
+    assert failed.extra_fields["episode_done"] is False and len(failed.extra_fields["turn_scores"]) == 1
+    assert len(failed.response_ids) == len(failed.response_mask) and failed.response_mask[-1] == 1
+    assert failed.reward_score == pytest.approx(sum(failed.extra_fields["turn_scores"]))
+    assert played.extra_fields["env_error"] is None and played.extra_fields["episode_done"] is True
