@@ -118,7 +118,9 @@ class MessageEnv:
     ``step(messages) -> (messages, reward, done, info)`` takes the conversation ending with the assistant's
     turn (or the turn's text alone) and returns the messages to append: one ``user`` message with the env's
     reply, or none once the episode is over. ``info`` carries ``terminated``, ``truncated``, ``task_id`` and
-    the env's step info (``reward_components``, ``invalid_action``, ``metrics``).
+    the env's step info (``reward_components``, ``invalid_action``, ``metrics``). An exception from the env's
+    own step ends the episode (``done``; ``reset`` starts the next one): a bad conversation, refused before the
+    env sees it, does not.
     """
 
     def __init__(self, env: gym.Env | EnvFactory, observation_role: str = "user") -> None:
@@ -138,7 +140,13 @@ class MessageEnv:
     def step(self, messages: str | Sequence[Mapping[str, Any]]) -> tuple[list[MessageDict], float, bool, dict[str, Any]]:
         if self.done:
             raise RuntimeError("the episode has ended (or never started); call reset()")
-        observation, reward, terminated, truncated, info = self.env.step(action_from(messages))
+        action = action_from(messages)  # the caller's input: a bad one is refused and the episode goes on
+        try:
+            observation, reward, terminated, truncated, info = self.env.step(action)
+        except Exception:
+            # the env failed mid-step, so its state is unknown: stepping it again would play on a broken episode
+            self.done = True
+            raise
         self.done = bool(terminated or truncated)
         new_messages = [] if self.done else [{"role": self.observation_role, "content": observation}]
         return new_messages, float(reward), self.done, {"task_id": self.task_id, **step_info(terminated, truncated, info)}

@@ -67,6 +67,34 @@ def test_step_accepts_the_turn_text_alone_and_rejects_bad_conversations() -> Non
             env.step([{"role": "assistant", "content": None}])
 
 
+def test_an_env_error_mid_step_ends_the_episode_and_reset_starts_the_next() -> None:
+    """The env raising inside its step leaves its state unknown: the adapters' callers (SkyRL's loop, a user's
+    own) stepped it again on the same episode; now the episode is over, and a bad conversation still is not."""
+    from rl_llm.envs.base import Outcome, Task, TextEnv
+
+    class Fragile(TextEnv):
+        def _reset(self, options: dict) -> Task:
+            return Task("say something", "fragile-0", "test env")
+
+        def _step(self, action: str) -> Outcome:
+            if action == "boom":
+                raise RuntimeError("the env broke")
+            return Outcome("ok", {"r": 1.0})
+
+    with MessageEnv(Fragile(max_turns=5)) as env:
+        env.reset(0)
+        with pytest.raises(TypeError, match="string"):
+            env.step([{"role": "assistant", "content": None}])
+        assert env.step("fine")[1] == 1.0  # a refused conversation leaves the episode running
+        with pytest.raises(RuntimeError, match="the env broke"):
+            env.step("boom")
+        assert env.done
+        with pytest.raises(RuntimeError, match="call reset"):
+            env.step("fine")
+        env.reset(1)
+        assert env.step("fine")[1] == 1.0
+
+
 @pytest.mark.parametrize(
     ("task", "expected"),
     [(None, (None, {})), (3, (3, {})), ({"seed": 1, "task_index": 4}, (1, {"task_index": 4})),
