@@ -30,7 +30,7 @@ def parse_kwargs(pairs: Sequence[str], env_id: str | None = None) -> dict[str, A
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise SystemExit(f"error: expected KEY=VALUE, got {pair!r}")
+            raise ValueError(f"expected KEY=VALUE, got {pair!r}")  # main: one error line, exit status 2
         kwargs[key] = yaml.safe_load(value)
     if env_id is not None:
         from rl_llm.envs.registration import check_env_kwargs
@@ -66,7 +66,7 @@ def resolve_env_id(name: str) -> str:
         short = env_id.split("/", 1)[1]
         if name in (env_id, short, short.rsplit("-v", 1)[0]):
             return env_id
-    raise SystemExit(f"error: unknown environment {name!r}; `rl-llm list` shows the ids")
+    raise ValueError(f"unknown environment {name!r}; `rl-llm list` shows the ids")
 
 
 def cmd_list(args: argparse.Namespace) -> int:

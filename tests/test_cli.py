@@ -63,7 +63,7 @@ def test_eval_prints_a_table_and_writes_one_jsonl_line_per_episode(tmp_path: Pat
 ])
 def test_bad_command_lines_fail_with_a_specific_message(args: tuple[str, ...], message: str) -> None:
     result = rl_llm(*args)
-    assert result.returncode != 0
+    assert result.returncode == 2, result.stdout + result.stderr  # as argparse's own usage errors (was 1 for some)
     assert message in result.stderr + result.stdout
     assert "Traceback" not in result.stderr
 
