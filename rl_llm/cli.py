@@ -311,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     view = sub.add_parser("view", help="one self-contained HTML page of a run directory or trajectories JSONL")
     view.add_argument("path", help="run directory (metrics.jsonl, summary.json, ...) or a .jsonl of trajectories")
     view.add_argument("--out", default=None, help="HTML file (default: view.html in the run dir, or PATH.html)")
-    view.add_argument("--episodes", type=int, default=24, help="how many episodes to show (spread over the run)")
+    view.add_argument("--episodes", type=positive_int, default=24, help="how many episodes to show (spread over the run)")
     view.add_argument("--tokenizer", default=None,
                       help="model directory whose tokenizer decodes the token stream (default: the run's model)")
     view.set_defaults(func=cmd_view)

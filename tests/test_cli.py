@@ -58,6 +58,7 @@ def test_eval_prints_a_table_and_writes_one_jsonl_line_per_episode(tmp_path: Pat
     (("eval", "prisoners_dilemma", "--agents", "tit_for_tat", "-k", "num_rounds=abc"), "num_rounds"),
     # no episodes: a table of NaN and exit status 0 before
     (("eval", "MultiArmedBandit", "--agent", "ucb", "--episodes", "0"), "--episodes: must be at least 1, got 0"),
+    (("view", ".", "--episodes", "-1"), "--episodes: must be at least 1, got -1"),  # a page of no episodes before
     # a model path that is not there: transformers' "Repo id must use alphanumeric chars" traceback before
     (("eval", "MultiArmedBandit", "--agent", "hf:/no/such/model"), "no model directory /no/such/model"),
 ])
