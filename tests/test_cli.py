@@ -132,6 +132,20 @@ def test_help_is_never_wrapped_in_a_pipe() -> None:
     assert "log every request and WebSocket connection (off: it costs ~20% of a call)" in server.stdout, server.stdout
 
 
+@pytest.mark.parametrize("module", ["rl_llm.integrations.http_server", "rl_llm.integrations.openenv",
+                                    "rl_llm.integrations.verifiers_hub", "rl_llm.envs.retrieval.server",
+                                    "rl_llm.sandboxes.rootfs", "rl_llm.envs.sql.chinook"])  # fmt: skip
+def test_documented_module_commands_start_without_warnings(module: str) -> None:
+    """The ``python -m`` commands the docs give: ``rl_llm.envs.retrieval.server`` warned that runpy found it
+    already imported (its package loaded it) before running it."""
+    if module.endswith("openenv"):
+        pytest.importorskip("openenv.core", reason="openenv-core: pip install 'rl-llm[openenv]'")
+    result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120,
+                            env=cli_env())  # fmt: skip
+    assert result.returncode == 0 and result.stdout.startswith("usage:"), result.stderr
+    assert "Warning" not in result.stderr, result.stderr
+
+
 def test_people_console_keeps_messages_whole_and_tables_uncut_outside_a_terminal(monkeypatch) -> None:
     import io
 
