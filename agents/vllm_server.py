@@ -158,7 +158,7 @@ class VLLMServerPolicy(LLMPolicy):
             body["seed"] = seed
         return await self.client.post("/completions", body, lambda data: self._parse(data, body["max_tokens"]))
 
-    def _parse(self, data: Any, max_tokens: int) -> Completion:
+    def _parse(self, data: Any, max_tokens: int | None = None) -> Completion:
         require(isinstance(data, dict) and isinstance(data.get("choices"), list) and data["choices"], "no 'choices'")
         choice = data["choices"][0]
         logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
@@ -166,13 +166,14 @@ class VLLMServerPolicy(LLMPolicy):
         tokens, values = logprobs.get("tokens"), logprobs.get("token_logprobs")
         require(isinstance(tokens, list) and isinstance(values, list) and len(tokens) == len(values),
                 "logprobs.tokens and logprobs.token_logprobs must be lists of equal length")  # fmt: skip
+        token_ids = [_token_id(token) for token in tokens]  # first: not token ids says "not a vLLM server"
         # What the trainer reads must be what was generated (agents/llm.py): a finished generation of 1 to
         # max_tokens tokens, each with a real log-prob. vLLM ends every request with "stop" or "length"; "abort"
         # (or an engine "error") means the tokens are not a whole answer.
         finish = choice.get("finish_reason")
         require(finish in ("stop", "length"), f"finish_reason {finish!r}: the server did not finish the generation")
-        require(0 < len(tokens) <= max_tokens, f"{len(tokens)} tokens for a request of at most {max_tokens}")
-        token_ids = [_token_id(token) for token in tokens]
+        limit = len(tokens) if max_tokens is None else max_tokens
+        require(0 < len(tokens) <= limit, f"{len(tokens)} tokens for a request of at most {limit}")
         require(all(_is_logprob(value) for value in values), f"token_logprobs are not all finite numbers <= 0: "
                 f"{[value for value in values if not _is_logprob(value)][:5]}")  # fmt: skip
         return Completion(self.decode(token_ids), token_ids, [float(v) for v in values], finish)
