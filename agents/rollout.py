@@ -79,6 +79,7 @@ from rl_llm.agents.batching import BatchScheduler, BatchStats
 from rl_llm.agents.http_client import ContextLengthExceeded
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy
 from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy, as_completion
+from rl_llm.envs.registration import arguments_error
 from rl_llm.types import Message, TokenRole, Trajectory, Turn
 
 #: Anything that builds a fresh env (``rl_llm.envs.EnvFactory`` is the picklable one).
@@ -545,10 +546,7 @@ class RolloutEngine:
         except TypeError as error:
             if not self.env_id:  # a factory of the caller's: its own bug or its own arguments
                 raise
-            # An argument of the wrong type (`-k num_arms=abc`) fails inside the env's constructor as a TypeError:
-            # a ValueError naming the env and its arguments is the CLI's one-line error, not a traceback.
-            arguments = ", ".join(f"{key}={value!r}" for key, value in self.env_kwargs.items())
-            raise ValueError(f"{self.env_id} cannot be built with {arguments or 'no arguments'}: {error}") from error
+            raise arguments_error(self.env_id, self.env_kwargs, error) from error
         self._all_envs.append(env)
         return env
 

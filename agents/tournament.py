@@ -30,6 +30,7 @@ from rl_llm.agents.baselines.social import SOCIAL_BASELINES
 from rl_llm.agents.evaluate import mean_ci95
 from rl_llm.agents.llm import LLMEpisode, LLMPolicy
 from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy, as_completion
+from rl_llm.envs.registration import arguments_error
 from rl_llm.envs.social import load
 from rl_llm.envs.social.base import AGENTS
 from rl_llm.types import Message
@@ -127,8 +128,7 @@ def play_matches(
     try:
         envs = [module.env(**dict(env_kwargs or {})) for _ in seeds]
     except TypeError as error:  # `-k num_rounds=abc`: the game's arguments, in one line rather than a traceback
-        arguments = ", ".join(f"{key}={value!r}" for key, value in dict(env_kwargs or {}).items())
-        raise ValueError(f"{game} cannot be built with {arguments or 'no arguments'}: {error}") from error
+        raise arguments_error(game, dict(env_kwargs or {}), error) from error
     conversations: list[dict[str, list[Message]]] = []
     players: list[dict[str, EpisodeAgent]] = []
     for env, seed in zip(envs, seeds, strict=True):

@@ -7,7 +7,7 @@ strings, so registering imports nothing heavy.
 from __future__ import annotations
 
 import functools
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,7 +113,17 @@ class EnvFactory:
         return gym.make(self.env_id, **self.kwargs)
 
     def __hash__(self) -> int:
-        return hash((self.env_id, json.dumps(self.kwargs, sort_keys=True, default=repr)))
+        # Equal factories must hash alike, and equality is the dataclass's (1 == 1.0 == True as values): so the
+        # keyword names only, which equal factories always share (a JSON dump of the values hashed 1 and 1.0
+        # apart, and a set or dict key could then hold two equal factories).
+        return hash((self.env_id, tuple(sorted(self.kwargs))))
+
+
+def arguments_error(name: str, kwargs: Mapping[str, Any], error: Exception) -> ValueError:
+    """An env or game constructor's ``TypeError`` over an argument of the wrong type (``-k num_arms=abc``), as a
+    ValueError naming the env and its arguments: the CLI's one-line error rather than a traceback."""
+    arguments = ", ".join(f"{key}={value!r}" for key, value in kwargs.items())
+    return ValueError(f"{name} cannot be built with {arguments or 'no arguments'}: {error}")
 
 
 def env_ids() -> list[str]:

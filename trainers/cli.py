@@ -17,6 +17,7 @@ from rl_llm.console import make_console
 from rl_llm.errors import RLLMError
 from rl_llm.trainers.config import ConfigError, TrainConfig, config_to_dict, load_config
 from rl_llm.trainers.default_job import DEFAULT_JOB, describe_default_job
+from rl_llm.trainers.trackers import flatten
 
 console = make_console()  # messages never hard-wrap in pipes and logs
 
@@ -61,7 +62,7 @@ def check_run_dir(config: TrainConfig, run_dir: Path) -> None:
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise ConfigError(f"--out {run_dir} holds a checkpoint but its config.yaml cannot be read ({error}); "
                           "choose a new --out") from error
-    before, after = _leaves(saved), _leaves(config_to_dict(config))
+    before, after = flatten(saved if isinstance(saved, dict) else {}), flatten(config_to_dict(config))
     for key in sorted(before.keys() | after.keys()):
         if _in_run_identity(key) and before.get(key) != after.get(key):
             raise ConfigError(f"--out {run_dir} holds a run with {key}={before.get(key)!r}, not {after.get(key)!r}: "
@@ -71,13 +72,6 @@ def check_run_dir(config: TrainConfig, run_dir: Path) -> None:
 def _in_run_identity(key: str) -> bool:
     """``env.kwargs.num_arms`` is under ``env``; ``environment`` would not be (whole dotted parts only)."""
     return any(key == part or key.startswith(f"{part}.") for part in RUN_IDENTITY)
-
-
-def _leaves(tree: object, prefix: str = "") -> dict[str, object]:
-    """``{"env": {"id": "x"}}`` -> ``{"env.id": "x"}`` (lists and other values are leaves)."""
-    if not isinstance(tree, dict) or (prefix and not tree):
-        return {prefix.rstrip("."): tree}
-    return {key: value for name, child in tree.items() for key, value in _leaves(child, f"{prefix}{name}.").items()}
 
 
 def interrupted_message(run_dir: Path) -> str:

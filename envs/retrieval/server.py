@@ -108,7 +108,7 @@ def send_json(handler: BaseHTTPRequestHandler, status: int, data: bytes) -> None
         handler.send_header("Content-Length", str(len(data)))
         handler.end_headers()
         handler.wfile.write(data)
-    except (BrokenPipeError, ConnectionResetError):
+    except OSError:  # hung up (a broken pipe, a reset) or stopped reading (our socket timeout)
         handler.close_connection = True
 
 
@@ -116,6 +116,13 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections
     disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stalls
     server: _Server
+
+    def setup(self) -> None:
+        # Every connection holds a thread: without a socket timeout one that goes quiet (a client that connects
+        # and never sends, stops mid-body, or keeps an idle keep-alive open) held its thread for good, and
+        # enough of them exhausted the process. Quiet past the timeout, the connection is closed.
+        self.timeout = self.server.idle_timeout_s
+        super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: one line per request is too much
         pass
@@ -194,14 +201,18 @@ class _Server(ThreadingHTTPServer):
     batcher: _Batcher
     default_k: int
     passages: int
+    idle_timeout_s: float
 
 
 class RetrieverServer:
     """``with RetrieverServer(retriever) as server: RetrieverClient(server.url)...``; ``port=0`` picks a free port."""
 
     def __init__(self, retriever: Retriever, *, host: str = "127.0.0.1", port: int = 0, default_k: int = 3,
-                 max_batch: int = 256, max_wait_s: float = 0.002) -> None:  # fmt: skip
+                 max_batch: int = 256, max_wait_s: float = 0.002, idle_timeout_s: float = 60.0) -> None:  # fmt: skip
+        if not idle_timeout_s > 0:
+            raise ValueError(f"idle_timeout_s must be a positive number of seconds, got {idle_timeout_s!r}")
         self._server = _Server((host, port), _Handler)
+        self._server.idle_timeout_s = idle_timeout_s
         self._server.batcher = _Batcher(retriever, max_batch, max_wait_s)
         self._server.default_k = default_k
         self._server.passages = len(retriever) if hasattr(retriever, "__len__") else -1
@@ -250,12 +261,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--topk", type=int, default=3)
+    parser.add_argument("--idle-timeout", type=float, default=60.0,
+                        help="seconds a connection may stay quiet (mid-request or between requests) before it is closed")
     parser.add_argument("--cache-dir", default=None, help="index cache (default: $RL_LLM_CACHE/indexes or ~/.cache/rl-llm/indexes)")
     args = parser.parse_args(argv)
+    if not args.idle_timeout > 0:
+        parser.error(f"--idle-timeout takes a positive number of seconds, got {args.idle_timeout:g}")
     passages = bundled_kb(args.seed).passages if args.bundled else load_corpus(args.corpus)
     cache_dir = args.cache_dir or package_cache_dir() / "indexes"
     server = RetrieverServer(BM25Retriever(passages, cache_dir=cache_dir), host=args.host, port=args.port,
-                             default_k=args.topk)  # fmt: skip
+                             default_k=args.topk, idle_timeout_s=args.idle_timeout)  # fmt: skip
     print(f"serving {len(passages)} passages at {server.url}/retrieve", flush=True)
     try:
         server.serve_forever()

@@ -134,3 +134,14 @@ def test_constructor_options_are_read_once_and_unhashable_constructors_still_rea
     assert constructor_options(flexible) is None  # takes **kwargs: any option passes to the env itself
     before = _cached_options.cache_info().hits
     assert constructor_options(flexible) is None and _cached_options.cache_info().hits == before + 1
+
+
+def test_equal_env_factories_hash_alike() -> None:
+    """Python's rule for dict keys and set members: equal objects hash alike. Factories are equal by value
+    (1 == 1.0 == True), and their hash once dumped the values as JSON, which tells 1 from 1.0."""
+    from rl_llm.envs.registration import EnvFactory
+
+    same = [EnvFactory("rl-llm/MultiArmedBandit-v0", horizon=h) for h in (10, 10.0)]
+    assert same[0] == same[1] and hash(same[0]) == hash(same[1]) and len(set(same)) == 1
+    assert len({EnvFactory("rl-llm/MultiArmedBandit-v0", horizon=5), same[0]}) == 2
+    assert len({EnvFactory("rl-llm/MultiArmedBandit-v0", horizon=[1], flag=True), same[0]}) == 2  # unhashable values too

@@ -215,3 +215,23 @@ def test_a_query_the_index_refuses_fails_only_its_own_request(retriever) -> None
         for thread in threads:
             thread.join(timeout=60)
     assert statuses == {"boom": 500, "Paris": 200, "river": 200, "capital": 200}
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 22\r\n\r\n" + b'{"que'])
+def test_a_connection_that_goes_quiet_is_closed_after_the_idle_timeout(retriever, sent) -> None:
+    """Each connection holds a server thread: one that connects and never sends, or stops mid-body, held it for
+    good (no socket timeout), and enough of them exhausted the process. Now closed once quiet for the timeout,
+    with no answer to a request that never arrived whole, and the server goes on answering."""
+    with RetrieverServer(retriever, idle_timeout_s=0.3) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as connection:
+            connection.sendall(sent)
+            assert connection.recv(4096) == b""  # closed by the server, before this side's 10 s
+        with httpx.Client() as http:
+            assert http.post(server.url + "/retrieve", json={"queries": ["Paris"]}).status_code == 200
+
+
+def test_the_idle_timeout_must_be_positive(retriever) -> None:
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="idle_timeout_s must be a positive number"):
+            RetrieverServer(retriever, idle_timeout_s=bad)
