@@ -34,7 +34,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from rl_llm.envs.terminal.task import TerminalTask
+from rl_llm.envs.terminal.task import TerminalTask, check_links_stay_inside
 
 #: Two small example tasks in Harbor format, shipped with the package.
 EXAMPLES_DIR = Path(__file__).parent / "harbor_examples"
@@ -65,6 +65,7 @@ def load_harbor_task(path: str | Path, family: str = "harbor") -> TerminalTask:
     layout = harbor_layout(root)
     if layout is None:
         raise FileNotFoundError(f"{root} is not a Harbor task folder (instruction.md + tests/test.sh)")
+    check_links_stay_inside(root)
     if layout == "harbor":
         meta = _read_toml(root / "task.toml")
         instruction = (root / "instruction.md").read_text(encoding="utf-8")

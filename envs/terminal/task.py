@@ -56,6 +56,18 @@ class TerminalTask:
         return {"mode": "setup", "files": files, "script": self.setup}
 
 
+def check_links_stay_inside(root: Path) -> None:
+    """Refuse a task folder holding a symlink that leads outside it. A task folder is input from outside (a
+    downloaded dataset, a git clone), and its files are read on the host: ``environment/notes -> ~/.ssh/id_rsa``
+    copied a host file into the agent's workspace, and a linked test or setup script read one into the check.
+    Links within the folder are fine."""
+    inside = root.resolve()
+    for path in root.rglob("*"):  # symlinked directories are listed, not entered
+        if path.is_symlink() and not path.resolve().is_relative_to(inside):
+            raise ValueError(f"task folder {root}: {path.relative_to(root)} is a symlink that leads outside the "
+                             "folder; copy the file in instead")  # fmt: skip
+
+
 def load_task_dir(path: str | Path, family: str = "custom") -> TerminalTask:
     """A ``TerminalTask`` from a hand-written task directory (see the module docstring)."""
     root = Path(path)
@@ -65,7 +77,8 @@ def load_task_dir(path: str | Path, family: str = "custom") -> TerminalTask:
     from rl_llm.envs.terminal.harbor import is_harbor_task_dir, load_harbor_task
 
     if is_harbor_task_dir(root):
-        return load_harbor_task(root, family)
+        return load_harbor_task(root, family)  # which checks the links itself
+    check_links_stay_inside(root)
     description = next((root / name for name in DESCRIPTION_FILES if (root / name).is_file()), None)
     if description is None:
         raise FileNotFoundError(f"task directory {root} has none of {', '.join(DESCRIPTION_FILES)}")

@@ -96,3 +96,32 @@ def test_a_wrong_answer_fails(tmp_path: Path) -> None:
     finally:
         env.close()
     assert terminated and reward == 0.0
+
+
+def test_a_task_folder_with_a_symlink_out_of_it_is_refused(tmp_path: Path) -> None:
+    """Task folders come from outside (datasets, git clones) and are read on the host: a link out of one copied
+    a host file into the agent's workspace (a COPY'd folder) or into the check (a linked test or setup script)."""
+    import shutil
+
+    from rl_llm.envs.terminal.task import load_task_dir
+
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("TOPSECRET\n")
+    harbor = tmp_path / "tasks" / "region-totals"
+    shutil.copytree(EXAMPLES / "region-totals", harbor)
+    (harbor / "environment" / "data" / "notes.txt").symlink_to(secret)
+    hand = tmp_path / "tasks" / "hand"
+    hand.mkdir()
+    (hand / "description.md").write_text("Write ok to out.txt\n")
+    (hand / "test.sh").write_text("grep -q ok out.txt\n")
+    (hand / "setup.sh").symlink_to(secret)
+    for folder, link in ((harbor, "environment/data/notes.txt"), (hand, "setup.sh")):
+        with pytest.raises(ValueError, match=f"{link} is a symlink that leads outside the folder"):
+            load_task_dir(folder)
+    with pytest.raises(ValueError, match="leads outside"):  # the folder of tasks, and gym.make's tasks_dir
+        load_task_folder(tmp_path / "tasks")
+    # A link that stays inside the folder is fine.
+    (harbor / "environment" / "data" / "notes.txt").unlink()
+    (harbor / "environment" / "data" / "notes.txt").symlink_to(harbor / "environment" / "data" / "sales.csv")
+    assert "TOPSECRET" not in str(load_harbor_task(harbor).files)
+    assert load_harbor_task(harbor).files["data/notes.txt"] == load_harbor_task(harbor).files["data/sales.csv"]
