@@ -78,13 +78,13 @@ def load_task_dir(path: str | Path, family: str = "custom") -> TerminalTask:
 
     if is_harbor_task_dir(root):
         return load_harbor_task(root, family)  # which checks the links itself
-    check_links_stay_inside(root)
     description = next((root / name for name in DESCRIPTION_FILES if (root / name).is_file()), None)
     if description is None:
         raise FileNotFoundError(f"task directory {root} has none of {', '.join(DESCRIPTION_FILES)}")
     tests = [(root / name, kind) for name, kind in TEST_FILES.items() if (root / name).is_file()]
     if not tests:
         raise FileNotFoundError(f"task directory {root} has no completion test ({' or '.join(TEST_FILES)})")
+    check_links_stay_inside(root)  # only now: a folder that is no task (say "/") is not walked at all
     setup = root / "setup.sh"
     solution = root / "solution.sh"
     checks = tuple({"kind": kind, "source": test.read_text(encoding="utf-8")} for test, kind in tests)
