@@ -1,9 +1,13 @@
 """JSON POSTs to OpenAI-compatible servers with timeouts, retries and errors that say what went wrong.
 
 Retried: timeouts, connection failures, HTTP 408/409/429 and 5xx, and malformed bodies (not JSON, a body
-that does not decode, or JSON without the fields the caller needs). Not retried: other 4xx (a bad request
-stays bad) and redirects (not followed: a POST would not survive one; the error names where it points).
+that does not decode, one over ``max_response_bytes``, or JSON without the fields the caller needs). Not
+retried: other 4xx (a bad request stays bad) and redirects (not followed: a POST would not survive one; the
+error names where it points).
 ``timeout_s`` bounds each attempt as a whole, so a server that trickles its body never holds a request longer.
+``max_response_bytes`` bounds what a body may take in memory: it is read and decoded as it arrives, and refused
+once it passes the limit (or its Content-Length says it will), so an endless body or a gzip bomb is one error,
+not a process killed for memory. Like other malformed bodies it is retried: it costs at most the limit per try.
 After the last attempt a ``BackendError`` names the URL, the attempts and the last failure; a prompt longer
 than the model's context window is a ``ContextLengthExceeded`` (a ``BackendError``), so callers can tell it
 from a failure. ``check_base_url`` refuses a URL that no request could be sent to, when the client is made.
@@ -12,8 +16,9 @@ from a failure. ``check_base_url`` refuses a URL that no request could be sent t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any, TypeVar
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NoReturn, TypeVar
 
 import httpx
 
@@ -22,6 +27,18 @@ from rl_llm.errors import RLLMError
 T = TypeVar("T")
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 MAX_RETRY_AFTER_S = 30.0
+#: The default ``max_response_bytes``: far above any real reply (the log-probs of a long generation are a few
+#: MB), far below what would run a machine out of memory.
+MAX_RESPONSE_BYTES = 64 * 2**20
+#: The content codings asked for: the ones decoded here in bounded pieces (httpx asks for br and zstd too when
+#: their packages are installed, and inflates each chunk of those, as of gzip, whole).
+ACCEPT_ENCODING = "gzip, deflate"
+#: Known codings that were not asked for, refused by name (others are passed through undecoded, as httpx does).
+_UNASKED_CODINGS = frozenset({"br", "zstd", "compress", "x-compress"})
+#: Stacked codings undone at most: no server stacks them, and each is a decompressor held per request.
+_MAX_CODINGS = 3
+#: The most one decompression step yields, so one network chunk of a bomb never inflates at once.
+_PIECE_BYTES = 64 * 2**10
 
 
 class BackendError(RLLMError, RuntimeError):
@@ -40,7 +57,14 @@ class MalformedResponse(ValueError):
     """The server answered, but not with what the API promises."""
 
 
+class ResponseTooLarge(MalformedResponse):
+    """The body is larger than ``max_response_bytes`` (decoded), or its Content-Length says it is."""
+
+
 class RetryingJSONClient:
+    """POSTs JSON to ``base_url`` (see the module docstring). ``max_response_bytes``: the most a reply body may
+    be, decoded; past it the reply is refused, so a misbehaving server cannot run the process out of memory."""
+
     def __init__(
         self,
         base_url: str,
@@ -50,22 +74,27 @@ class RetryingJSONClient:
         max_retries: int = 3,
         backoff_s: float = 0.5,
         max_concurrency: int = 64,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
     ) -> None:
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if max_response_bytes < 1:
+            raise ValueError(f"max_response_bytes must be >= 1, got {max_response_bytes}")
         self.base_url = check_base_url(base_url).rstrip("/")
         self.headers = dict(headers or {})
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.max_concurrency = max_concurrency
+        self.max_response_bytes = max_response_bytes
         # httpx clients and semaphores belong to the event loop they are used on.
         self._clients: dict[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, asyncio.Semaphore]] = {}
 
     def _client(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
         if loop not in self._clients:
-            client = httpx.AsyncClient(base_url=self.base_url, headers=self.headers, timeout=self.timeout_s)
+            headers = {"Accept-Encoding": ACCEPT_ENCODING, **self.headers}
+            client = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=self.timeout_s)
             self._clients[loop] = (client, asyncio.Semaphore(self.max_concurrency))
         return self._clients[loop]
 
@@ -80,11 +109,13 @@ class RetryingJSONClient:
                 try:
                     # httpx's timeout is per network operation: a body trickled a byte at a time would never
                     # trip it, so the whole attempt gets the deadline too.
-                    response = await asyncio.wait_for(client.post(path, json=body), self.timeout_s)
+                    response = await asyncio.wait_for(self._send(client, path, body), self.timeout_s)
                 except (httpx.TimeoutException, asyncio.TimeoutError):
                     failure = f"no response within {self.timeout_s:g}s (timeout)"
                 except httpx.DecodingError as error:  # e.g. Content-Encoding: gzip on a body that is not
                     failure = f"malformed response (the body does not decode: {error})"
+                except ResponseTooLarge as error:
+                    failure = f"malformed response ({error})"
                 except httpx.RequestError as error:
                     failure = f"connection failed ({type(error).__name__}: {error})"
                 else:
@@ -110,10 +141,128 @@ class RetryingJSONClient:
                 await asyncio.sleep(max(delay, self.backoff_s * 2**attempt))
         raise BackendError(f"POST {url} failed after {self.max_retries + 1} attempt(s): {failure}")
 
+    async def _send(self, client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> httpx.Response:
+        """One attempt: the response with its body, read as it arrives and refused past ``max_response_bytes``
+        (leaving the ``async with`` early closes the connection, and the rest of the body is never read)."""
+        async with client.stream("POST", path, json=body) as response:
+            reader = BodyReader(response, self.max_response_bytes)
+            async for chunk in response.aiter_raw():
+                reader.feed(chunk)
+            return reader.response()
+
     async def aclose(self) -> None:
         clients, self._clients = self._clients, {}
         for client, _ in clients.values():
             await client.aclose()
+
+
+def get_capped(url: str, *, timeout_s: float, max_response_bytes: int = MAX_RESPONSE_BYTES) -> httpx.Response:
+    """GET ``url`` once, its body capped as in ``RetryingJSONClient`` (``ResponseTooLarge`` past it)."""
+    headers = {"Accept-Encoding": ACCEPT_ENCODING}
+    with httpx.stream("GET", url, timeout=timeout_s, headers=headers) as response:
+        reader = BodyReader(response, max_response_bytes)
+        for chunk in response.iter_raw():
+            reader.feed(chunk)
+        return reader.response()
+
+
+class BodyReader:
+    """A streamed response's body, fed raw chunks as they arrive and decoded in bounded pieces; past ``limit``
+    bytes (raw or decoded) it raises ``ResponseTooLarge`` at once, so a body never holds more than about
+    ``limit`` bytes of memory, however long it is or however far it inflates."""
+
+    def __init__(self, response: httpx.Response, limit: int) -> None:
+        self._head, self._limit = response, limit
+        self._layers = _inflaters(response.headers)
+        self._parts: list[bytes] = []
+        self._raw = self._size = 0
+        declared = response.headers.get("content-length", "").strip()
+        if declared.isdigit() and int(declared) > limit:  # refused before a byte of it is read
+            self._refuse(f" (its Content-Length is {declared})")
+
+    def feed(self, chunk: bytes) -> None:
+        # raw bytes count too: endless empty deflate blocks decode to nothing, but are still an endless body
+        self._raw += len(chunk)
+        if self._raw > self._limit:
+            self._refuse()
+        for piece in _decode(self._layers, chunk):
+            self._size += len(piece)
+            if self._size > self._limit:
+                self._refuse(" (decoded)" if self._layers else "")
+            self._parts.append(piece)
+
+    def response(self) -> httpx.Response:
+        """The response with the decoded body, for ``.text`` and ``.json()`` (its coding headers dropped)."""
+        head = self._head
+        headers = [(key, value) for key, value in head.headers.multi_items()
+                   if key.lower() not in ("content-encoding", "content-length")]  # fmt: skip
+        content = b"".join(self._parts)
+        return httpx.Response(head.status_code, headers=headers, content=content, request=head.request)
+
+    def _refuse(self, detail: str = "") -> NoReturn:
+        limit = self._limit
+        raise ResponseTooLarge(f"the body{detail} is larger than max_response_bytes={limit} ({_size(limit)}), "
+                               f"the most this client reads of a reply; if replies this large are expected, "
+                               f"raise the agent's max_response_bytes option")  # fmt: skip
+
+
+class _Inflater:
+    """Undoes one gzip or deflate coding, yielding at most ``_PIECE_BYTES`` at a time: a bomb's chunk of 64 KB
+    inflates to 64 MB in one step (to 64 GB through a second coding), so the limit is checked in between."""
+
+    def __init__(self, coding: str) -> None:
+        gzip = coding in ("gzip", "x-gzip")
+        self._zlib = zlib.decompressobj(zlib.MAX_WBITS | 16 if gzip else zlib.MAX_WBITS)
+        # deflate is zlib-wrapped (RFC 9110) but some servers send it raw: tried second, as httpx does
+        self._try_raw = not gzip
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        while True:
+            piece = self._inflate(data)
+            if piece:
+                yield piece
+            data = self._zlib.unconsumed_tail
+            if not data and len(piece) < _PIECE_BYTES:  # all input taken, and no output held back
+                return
+
+    def _inflate(self, data: bytes) -> bytes:
+        try:
+            piece = self._zlib.decompress(data, _PIECE_BYTES)
+        except zlib.error as error:
+            if not self._try_raw:
+                raise httpx.DecodingError(str(error)) from None
+            self._try_raw, self._zlib = False, zlib.decompressobj(-zlib.MAX_WBITS)
+            return self._inflate(data)
+        self._try_raw = False
+        return piece
+
+
+def _inflaters(headers: httpx.Headers) -> list[_Inflater]:
+    """One ``_Inflater`` per coding in Content-Encoding, the last applied first."""
+    codings = [value.strip().lower() for value in headers.get_list("content-encoding", split_commas=True)]
+    unasked = [coding for coding in codings if coding in _UNASKED_CODINGS]
+    if unasked:
+        asked = f"Accept-Encoding: {ACCEPT_ENCODING}"
+        raise httpx.DecodingError(f"Content-Encoding {unasked[0]!r} was not asked for ({asked})")
+    codings = [coding for coding in codings if coding in ("gzip", "x-gzip", "deflate")]
+    if len(codings) > _MAX_CODINGS:
+        raise httpx.DecodingError(f"Content-Encoding stacks {len(codings)} codings, more than {_MAX_CODINGS}")
+    return [_Inflater(coding) for coding in reversed(codings)]
+
+
+def _decode(layers: Sequence[_Inflater], data: bytes) -> Iterator[bytes]:
+    if not layers:
+        yield data
+        return
+    for piece in layers[0].feed(data):
+        yield from _decode(layers[1:], piece)
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.3g} {unit}"
+    return f"{count} bytes"
 
 
 def check_base_url(base_url: str) -> str:

@@ -6,7 +6,9 @@ ids. The env's system prompt is the first message; its stop strings go in ``stop
 limit). The API leaves a matched stop string out of the text, so it is put back: from the server's
 ``stop_reason`` when it reports one (vLLM does), else the closing tag whose opening tag is left open.
 Timeouts, HTTP errors and malformed bodies are retried and then raised as ``BackendError`` with the reason
-(see ``rl_llm.agents.http_client``); the rollout engine records that error in the trajectory.
+(see ``rl_llm.agents.http_client``); the rollout engine records that error in the trajectory. A reply body over
+``max_response_bytes`` (64 MiB by default, decoded) is refused as it arrives, so an endpoint cannot run the
+process out of memory.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rl_llm.agents.aio import run_sync
-from rl_llm.agents.http_client import RetryingJSONClient, require, shown_url
+from rl_llm.agents.http_client import MAX_RESPONSE_BYTES, RetryingJSONClient, require, shown_url
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams
 from rl_llm.agents.policy import Completion
 
@@ -39,6 +41,7 @@ class OpenAIPolicy(LLMPolicy):
         max_retries: int = 3,
         backoff_s: float = 0.5,
         max_concurrency: int = 64,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
         max_tokens_field: str = "max_tokens",
         extra_body: dict[str, Any] | None = None,
     ) -> None:
@@ -57,6 +60,7 @@ class OpenAIPolicy(LLMPolicy):
             max_retries=max_retries,
             backoff_s=backoff_s,
             max_concurrency=max_concurrency,
+            max_response_bytes=max_response_bytes,
         )
         self.max_tokens_field = max_tokens_field
         self.extra_body = dict(extra_body or {})

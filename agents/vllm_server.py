@@ -38,7 +38,15 @@ from typing import Any
 import httpx
 
 from rl_llm.agents.aio import run_sync
-from rl_llm.agents.http_client import RetryingJSONClient, check_base_url, require, shown_url
+from rl_llm.agents.http_client import (
+    MAX_RESPONSE_BYTES,
+    ResponseTooLarge,
+    RetryingJSONClient,
+    check_base_url,
+    get_capped,
+    require,
+    shown_url,
+)
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams, named_draw_seed
 from rl_llm.agents.policy import Completion
 from rl_llm.agents.vllm_backend import _load_tokenizer, engine_arg_names, require_vllm
@@ -67,7 +75,10 @@ def server_module() -> str:
 
 
 class VLLMServerPolicy(LLMPolicy):
-    """Token-in, token-out generation through a vLLM server's ``/v1/completions``."""
+    """Token-in, token-out generation through a vLLM server's ``/v1/completions``.
+
+    ``max_response_bytes``: the most a reply body may be, decoded (see ``RetryingJSONClient``), so a server
+    cannot run the process out of memory."""
 
     name = "vllm-server"
     concurrent = True
@@ -83,6 +94,7 @@ class VLLMServerPolicy(LLMPolicy):
         timeout_s: float = 600.0,
         max_retries: int = 2,
         max_concurrency: int = 256,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
         raw_logprobs: bool = False,
         server: VLLMServer | None = None,
         seed: int | None = None,
@@ -95,7 +107,12 @@ class VLLMServerPolicy(LLMPolicy):
         self.model_name = model
         check_base_url(base_url)  # before the tokenizer, which may go to the Hub: a bad URL is said at once
         self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(model)
-        self._client_options = {"timeout_s": timeout_s, "max_retries": max_retries, "max_concurrency": max_concurrency}
+        self._client_options = {
+            "timeout_s": timeout_s,
+            "max_retries": max_retries,
+            "max_concurrency": max_concurrency,
+            "max_response_bytes": max_response_bytes,
+        }
         self.server = server
         self._connect(base_url)
 
@@ -107,7 +124,8 @@ class VLLMServerPolicy(LLMPolicy):
         self.name = f"vllm:{shown_url(base_url)}#{self.model_name}"
         self.client = RetryingJSONClient(base_url, **self._client_options)
         # The served context window bounds each episode (the rollout engine ends it there, as truncated).
-        context = _served_context_length(base_url, self.model_name)
+        limit = self._client_options["max_response_bytes"]
+        context = _served_context_length(base_url, self.model_name, limit)
         if context is not None:
             self.max_context_tokens = context
 
@@ -185,12 +203,13 @@ class VLLMServerPolicy(LLMPolicy):
         super().close()
 
 
-def _served_context_length(base_url: str, model: str) -> int | None:
-    """``max_model_len`` of ``model`` from the server's ``/v1/models`` (vLLM lists it); None when not given."""
+def _served_context_length(base_url: str, model: str, max_response_bytes: int) -> int | None:
+    """``max_model_len`` of ``model`` from the server's ``/v1/models`` (vLLM lists it); None when not given (or
+    when the list is over ``max_response_bytes``: read whole, it could run the process out of memory)."""
     try:
-        response = httpx.get(f"{base_url}/models", timeout=10)
+        response = get_capped(f"{base_url}/models", timeout_s=10, max_response_bytes=max_response_bytes)
         entries = response.json().get("data", []) if response.status_code == 200 else []
-    except (httpx.HTTPError, ValueError, AttributeError):
+    except (httpx.HTTPError, ResponseTooLarge, ValueError, AttributeError):
         return None
     if not isinstance(entries, list):
         return None

@@ -10,12 +10,14 @@ generating with a real ``HFPolicy``, so the vLLM server client can be tested wit
 
 ``RawStub`` answers every request (GET or POST) with whatever its ``reply(handler, method, path)`` writes to
 ``handler.wfile``: bodies that do not decode, trickled bodies, redirects, fields of the wrong type.
+``EndlessBody`` is such a reply: a body that never ends, counting what it sent.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import threading
 import time
 from collections import deque
@@ -153,3 +155,36 @@ class RawStub(_Server):
                 pass
 
         self._listen(Handler)
+
+
+class EndlessBody:
+    """A ``RawStub`` reply: 200 with a body of spaces and no Content-Length, written until the client hangs up
+    (or ``most`` bytes went, so a client that never does fails rather than hangs). ``sent``: the body bytes
+    each connection was sent. The send buffer is kept small, so that sent is close to what the client read."""
+
+    #: no Content-Length: the body ends when the connection does
+    HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n"
+
+    def __init__(self, most: int, chunk_bytes: int = 16 * 1024) -> None:
+        self.most, self.chunk = most, b" " * chunk_bytes
+        self.sent: list[int] = []
+        self._ended = threading.Semaphore(0)
+
+    def __call__(self, handler: BaseHTTPRequestHandler, method: str, path: str) -> None:
+        handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, len(self.chunk))
+        connection = len(self.sent)
+        self.sent.append(0)
+        try:
+            handler.wfile.write(self.HEAD)
+            while self.sent[connection] < self.most:
+                handler.wfile.write(self.chunk)
+                self.sent[connection] += len(self.chunk)
+        finally:
+            self._ended.release()
+
+    def ended(self, connections: int, timeout_s: float = 10.0) -> list[int]:
+        """``sent`` once ``connections`` replies have ended (the client hung up, or ``most`` bytes went)."""
+        for _ in range(connections):
+            if not self._ended.acquire(timeout=timeout_s):
+                raise TimeoutError(f"a reply was still being written after {timeout_s:g}s")
+        return self.sent

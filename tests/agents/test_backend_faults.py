@@ -3,7 +3,13 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+import queue
+import re
 import time
+import tracemalloc
+import zlib
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -17,7 +23,7 @@ from rl_llm.agents.llm import GenerationRequest
 from rl_llm.agents.openai_backend import OpenAIPolicy
 from rl_llm.agents.vllm_server import VLLMServerPolicy
 from rl_llm.types import Message
-from tests.agents.stub_servers import RawStub, write_response
+from tests.agents.stub_servers import EndlessBody, RawStub, write_response
 
 Reply = Callable[[BaseHTTPRequestHandler, str, str], None]
 
@@ -115,6 +121,93 @@ def test_null_content_is_no_answer_to_play(serve: Callable[[Reply], RawStub]) ->
     assert (completion.text, completion.finish_reason) == ("", "length")
 
 
+# -- bodies too large to hold: an endless one, a huge one, a compression bomb ---------------------------------
+CAP = 64 * 1024  # max_response_bytes in these tests, small to keep them fast
+TOO_LARGE = r"malformed response \(the body{} is larger than max_response_bytes={} \({}\), the most"
+
+
+def test_an_endless_body_is_cut_at_the_limit(serve: Callable[[Reply], RawStub]) -> None:
+    endless = EndlessBody(most=100 * CAP)  # a client that reads it all fails on the body, not by hanging
+    server = serve(endless)
+    # retried, as other malformed bodies are: each try costs at most the limit
+    retried = re.escape(f"POST {server.url}/chat/completions failed after 2 attempt(s): ")
+    with pytest.raises(BackendError, match=retried + TOO_LARGE.format("", CAP, "64 KiB")):
+        ask(chat(server, max_response_bytes=CAP))
+    sent = endless.ended(connections=2)
+    assert all(count < 10 * CAP for count in sent), f"the client read on past the limit: {sent} bytes sent"
+
+
+def test_a_body_whose_content_length_is_over_the_limit_is_refused_before_it_is_read(
+    serve: Callable[[Reply], RawStub],
+) -> None:
+    hung_up: queue.Queue[bool] = queue.Queue()  # per connection: whether the client closed it unread
+
+    def huge(handler: BaseHTTPRequestHandler, method: str, path: str) -> None:
+        # a terabyte, not one byte of it sent: the stub waits for the client to hang up
+        handler.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1099511627776\r\n\r\n")
+        handler.connection.settimeout(5.0)
+        try:
+            hung_up.put(handler.connection.recv(1) == b"")
+        except TimeoutError:
+            hung_up.put(False)
+
+    # the default limit (64 MiB): a client that waits for the body waits into its timeout
+    declared = r" \(its Content-Length is 1099511627776\)"
+    with pytest.raises(BackendError, match=TOO_LARGE.format(declared, 2**26, "64 MiB")):
+        ask(chat(serve(huge), timeout_s=2.0))
+    closed = [hung_up.get(timeout=10) for _ in range(2)]
+    assert closed == [True, True], "the client closes the connection at once, not at its timeout"
+
+
+@pytest.mark.parametrize("coding", ["gzip", "gzip, gzip"])
+def test_a_compression_bomb_is_refused_as_it_inflates(serve: Callable[[Reply], RawStub], coding: str) -> None:
+    bomb = bytes(48 * 2**20)  # 48 MiB of zeros: 48 KB gzipped (under the limit), 250 bytes gzipped twice
+    for _ in coding.split(","):
+        bomb = gzip.compress(bomb)
+    server = serve(lambda handler, *_: write_response(handler, 200, bomb, {"Content-Encoding": coding}))
+    policy = chat(server, max_response_bytes=CAP)
+    tracemalloc.start()
+    try:
+        with pytest.raises(BackendError, match=TOO_LARGE.format(r" \(decoded\)", CAP, "64 KiB")):
+            ask(policy)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, f"{peak} bytes at the peak: the bomb inflated before it was refused"
+
+
+def _chat_body(size: int) -> bytes:
+    """A chat completion of exactly ``size`` bytes of JSON (its content padded)."""
+    choice = {"index": 0, "message": {"role": "assistant", "content": ""}, "finish_reason": "length"}
+    empty = json.dumps({"choices": [choice]}).encode()
+    return empty.replace(b'"content": ""', b'"content": "' + b"x" * (size - len(empty)) + b'"')
+
+
+def _raw_deflate(data: bytes) -> bytes:
+    deflate = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return deflate.compress(data) + deflate.flush()
+
+
+CODINGS: dict[str, tuple[str, Callable[[bytes], bytes]]] = {
+    "identity": ("identity", lambda data: data),
+    "gzip": ("gzip", gzip.compress),
+    "deflate": ("deflate", zlib.compress),
+    "raw deflate": ("deflate", _raw_deflate),  # what some servers send as deflate
+}
+
+
+@pytest.mark.parametrize("coding", list(CODINGS))
+def test_a_reply_of_the_limit_is_taken_and_one_byte_more_is_not(
+    serve: Callable[[Reply], RawStub], coding: str
+) -> None:
+    name, encode = CODINGS[coding]
+    body = encode(_chat_body(CAP))
+    server = serve(lambda handler, *_: write_response(handler, 200, body, {"Content-Encoding": name}))
+    assert ask(chat(server, max_response_bytes=CAP)).text == "x" * (CAP - len(_chat_body(0)))
+    with pytest.raises(BackendError, match=r"is larger than max_response_bytes=65535 \(64 KiB\)"):
+        ask(chat(server, max_response_bytes=CAP - 1))
+
+
 # -- the vLLM server client: token ids and log-probs are what the trainer learns from ----------------------
 def _completions(tokens: list[Any], logprobs: list[Any] | bytes, finish: Any = "stop") -> bytes:
     values = logprobs.decode() if isinstance(logprobs, bytes) else ", ".join(map(repr, logprobs)).replace("'", '"')
@@ -124,11 +217,12 @@ def _completions(tokens: list[Any], logprobs: list[Any] | bytes, finish: Any = "
             f'"logprobs": {{"tokens": [{quoted}], "token_logprobs": [{values}]}}}}]}}').encode()  # fmt: skip
 
 
-def vllm_client(server: RawStub, tokenizer_dir: Path) -> VLLMServerPolicy:
+def vllm_client(server: RawStub, tokenizer_dir: Path, **options: Any) -> VLLMServerPolicy:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    return VLLMServerPolicy(server.url, "stub-model", tokenizer=tokenizer, timeout_s=5.0, max_retries=0)
+    options = {"timeout_s": 5.0, "max_retries": 0, **options}
+    return VLLMServerPolicy(server.url, "stub-model", tokenizer=tokenizer, **options)
 
 
 def test_the_vllm_client_takes_a_well_formed_completion(serve: Callable[[Reply], RawStub], tiny_model_dir: Path) -> None:
@@ -164,3 +258,13 @@ def test_an_odd_model_list_gives_no_context_window(
     policy = vllm_client(serve(lambda handler, *_: write_response(handler, 200, models)), tiny_model_dir)
     assert getattr(policy, "max_context_tokens", None) is None
     policy.close()
+
+
+def test_the_vllm_client_caps_its_bodies_too(serve: Callable[[Reply], RawStub], tiny_model_dir: Path) -> None:
+    endless = EndlessBody(most=100 * CAP)
+    policy = vllm_client(serve(endless), tiny_model_dir, max_response_bytes=CAP)
+    assert getattr(policy, "max_context_tokens", None) is None  # an endless model list: no context window
+    with pytest.raises(BackendError, match=TOO_LARGE.format("", CAP, "64 KiB")):
+        ask(policy, prompt_ids=[1, 2], max_new_tokens=4)
+    sent = endless.ended(connections=2)  # GET /v1/models, POST /v1/completions
+    assert all(count < 10 * CAP for count in sent), f"the client read on past the limit: {sent} bytes sent"
