@@ -26,6 +26,7 @@ from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams
 from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy, TextPolicy
 from rl_llm.agents.rollout import collect, read_trajectories, write_trajectories
 from rl_llm.agents.tiny import default_tiny_model_path, tiny_model
+from rl_llm.urls import is_http_url
 
 LLM_BACKENDS = ("hf", "vllm", "vllm-serve", "openai")
 SAMPLING_OPTIONS = ("max_new_tokens", "temperature", "top_p", "top_k")
@@ -75,7 +76,7 @@ def make_policy(spec: str, env_id: str, seed: int | None = None, **options: Any)
 
     if backend == "vllm-serve":
         return VLLMServerPolicy.launch(target, sampling=sampling, **options)
-    if target.lower().startswith(("http://", "https://")):  # URL schemes are case-blind (RFC 3986)
+    if is_http_url(target):
         url, model = _url_and_model(spec, target)
         return VLLMServerPolicy(url, model, sampling=sampling, **options)
     from rl_llm.agents.vllm_backend import VLLMPolicy
@@ -85,7 +86,7 @@ def make_policy(spec: str, env_id: str, seed: int | None = None, **options: Any)
 
 def _url_and_model(spec: str, target: str) -> tuple[str, str]:
     url, sep, model = target.partition("#")
-    if not sep or not model or not url.lower().startswith(("http://", "https://")):
+    if not sep or not model or not is_http_url(url):
         raise ValueError(f"{spec!r}: expected URL#MODEL, e.g. openai:https://api.openai.com/v1#gpt-4o-mini")
     return url, model
 

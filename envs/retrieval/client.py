@@ -10,6 +10,7 @@ import httpx
 
 from rl_llm.envs.retrieval.base import Hit, RetrievalError, check_queries
 from rl_llm.envs.retrieval.corpus import Passage, split_contents
+from rl_llm.urls import is_http_url
 
 
 def passage_from_document(document: dict[str, Any]) -> Passage:
@@ -26,7 +27,7 @@ class RetrieverClient:
     requests of ``max_batch`` queries."""
 
     def __init__(self, url: str, *, timeout: float = 30.0, max_batch: int = 256) -> None:
-        if not url.lower().startswith(("http://", "https://")):
+        if not is_http_url(url):
             raise ValueError(f"retriever url must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")
         self.max_batch = max_batch

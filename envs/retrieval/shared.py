@@ -15,6 +15,7 @@ from rl_llm.envs.retrieval.bm25 import BM25Retriever
 from rl_llm.envs.retrieval.client import RetrieverClient
 from rl_llm.envs.retrieval.corpus import load_corpus
 from rl_llm.paths import cache_dir as package_cache_dir
+from rl_llm.urls import is_http_url
 
 #: The longest query an env sends to a retriever; a longer one is an invalid action.
 MAX_QUERY_CHARS = 1000
@@ -43,7 +44,7 @@ def resolve_retriever(retriever: Retriever | str, corpus: str | os.PathLike[str]
                       cache_dir: str | os.PathLike[str] | None) -> Retriever:  # fmt: skip
     """``"bm25"`` (shared in-process index over the corpus), an ``http://`` URL (a retriever server), or any
     object with ``search_batch``."""
-    if isinstance(retriever, str) and retriever.lower().startswith(("http://", "https://")):
+    if isinstance(retriever, str) and is_http_url(retriever):
         return RetrieverClient(retriever)
     if retriever == "bm25":
         # A file corpus is keyed by path and modification time, so an edited file gets a fresh index.
