@@ -125,6 +125,8 @@ class TrainingRun:
             (self.run_dir / "eval_before.json").unlink(missing_ok=True)  # that run's measure, not this one's
         seed_everything(config.seed)
         self.model_path = resolve_model_path(config)
+        self._started = time.perf_counter()
+        self.phase(f"loading {self.model_path} on {self.device}")
         self._build_models(with_critic)
         self.shuffle = torch.Generator().manual_seed(config.seed)
         self.otc = OTCTransform(config.otc.variant, config.otc.alpha, config.otc.c) if config.otc.enabled else None
@@ -155,11 +157,15 @@ class TrainingRun:
         if resume is None and config.sft.enabled:  # warm start: SFT on expert episodes (trainers/sft.py)
             from rl_llm.trainers.sft import warm_start
 
+            source = config.sft.data or f"{config.sft.episodes} episodes of the {config.sft.baseline} baseline"
+            self.phase(f"warm start: SFT on {source}")
             warm_start(self)
             if self.reference is not None:
                 self.reference = FrozenReference(self.model)  # the KL anchor is the warm-started policy
             release_cached_memory(self.device)  # the SFT optimizer's state and activations are garbage now
         # The generator (rollout policy) and its weight sync, as the config chooses (trainers/generation.py).
+        vllm = f" ({config.rollout.vllm.mode})" if config.rollout.backend == "vllm" else ""
+        self.phase(f"starting the generator: {config.rollout.backend}{vllm}")
         self.generation = build_generation(config, self.model, self.tokenizer, self.model_path, self.device,
                                            self.run_dir, self.precision)  # fmt: skip
         self.generator, self.sync = self.generation.policy, self.generation.sync
@@ -419,9 +425,16 @@ class TrainingRun:
             return EvalResult.load(path)
         if self.step > 0:
             raise RuntimeError(f"{path} is missing but the run resumes at step {self.step}; cannot re-measure it")
+        self.phase(f"evaluating the starting policy on {self.config.eval.episodes} held-out seeds")
         result = self.evaluate()
         result.save(path)
         return result
+
+    def phase(self, what: str) -> None:
+        """One line as each phase outside the steps begins: with a real model, loading it, warming up a vLLM
+        engine or evaluating takes minutes, and a run printed nothing from its directory line to its first step."""
+        if self.config.log.progress:
+            print(f"[{time.perf_counter() - self._started:6.1f}s] {what}", flush=True)
 
     def progress(self) -> ProgressDisplay:
         return ProgressDisplay(self.config.steps, self.step, enabled=self.config.log.progress)
@@ -429,6 +442,7 @@ class TrainingRun:
     def finish(self, before: EvalResult, started: float) -> dict[str, Any]:
         """Evaluate the trained policy, compare with the untrained one and the baselines, write the summary."""
         config = self.config
+        self.phase(f"evaluating the trained policy on {config.eval.episodes} held-out seeds")
         after = self.evaluate()
         after.save(self.run_dir / "eval_after.json")  # per-seed figures, for paired before/after comparisons
         # A game's baselines are the opponents of the evaluation itself (return/<baseline> columns).

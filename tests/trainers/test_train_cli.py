@@ -122,3 +122,18 @@ def test_a_run_started_over_measures_its_own_policy_before_training(finished_run
     assert result.returncode == 0, result.stdout + result.stderr
     assert json.loads((run_dir / "eval_before.json").read_text()) != stale
     assert json.loads((run_dir / "summary.json").read_text())["return_before"] != 123.0
+
+
+def test_each_phase_outside_the_steps_is_announced_in_order(tmp_path: Path) -> None:
+    """With a real model, loading it, the warm start, starting a vLLM engine and each evaluation take minutes,
+    and the run printed nothing from its directory line to its first step."""
+    result = train("steps=1", *FAST, "log.progress=true", "sft.episodes=4", "sft.held_out_episodes=2",
+                   "--out", str(tmp_path / "run"))  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    expected = ["loading ", "warm start: SFT on 4 episodes of the ", "starting the generator: hf",
+                "evaluating the starting policy on 2 held-out seeds", "step 1/1 ",
+                "evaluating the trained policy on 2 held-out seeds"]  # fmt: skip
+    found = [next(i for i, line in enumerate(lines) if text in line) for text in expected]
+    assert found == sorted(found), result.stdout
+    assert all(lines[i].startswith("[") and "s] " in lines[i] for i in found if "step 1/1" not in lines[i])
