@@ -7,8 +7,7 @@ Untrusted SQL (an LLM's queries) runs behind four independent guards, so one mis
 3. an authorizer allows only reading: SELECT, reads of tables and columns, recursive CTEs, functions other
    than extension loading, and a few read-only PRAGMAs without arguments. Writes, schema changes, ATTACH,
    DETACH, transactions, VACUUM's attach and PRAGMA writes are refused while the statement is prepared;
-4. connection limits: no attached databases, bounded SQL text and string/blob length (and ``printf``'s one
-   case that ran for seconds inside a single call answered at once, ``printf_guard.py``).
+4. connection limits: no attached databases, bounded SQL text and string/blob length.
 
 A progress handler aborts any statement (including row fetching) past ``timeout_s``; results stop at
 ``max_rows`` rows or ``max_bytes`` bytes and say they were truncated.
@@ -22,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
-
-from rl_llm.envs.sql.printf_guard import install_printf_guard
 
 # PRAGMAs that only describe the schema; every other PRAGMA (reads included) is refused.
 READ_ONLY_PRAGMAS = frozenset({
@@ -105,7 +102,6 @@ class ReadOnlyDatabase:
         ):
             self._connection.setlimit(limit, value)
         self._connection.text_factory = _decode_text
-        install_printf_guard(self._connection, max_value_bytes)  # a slow case the timeout cannot stop
         self._connection.set_authorizer(self._authorize)
         self._connection.set_progress_handler(self._past_deadline, PROGRESS_INTERVAL)
 
