@@ -60,7 +60,7 @@ class TextEnv(gym.Env[str, str]):
     reset_options: ClassVar[frozenset[str] | None] = None
 
     def __init__(self, *, max_turns: int, render_mode: str | None = None) -> None:
-        if max_turns < 1:
+        if not max_turns >= 1:  # NaN too: no turn count reaches it, so the episode would never end
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")

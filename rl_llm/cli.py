@@ -31,7 +31,11 @@ def parse_kwargs(pairs: Sequence[str], env_id: str | None = None) -> dict[str, A
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"expected KEY=VALUE, got {pair!r}")  # main: one error line, exit status 2
-        kwargs[key] = yaml.safe_load(value)
+        try:
+            kwargs[key] = yaml.safe_load(value)
+        except yaml.YAMLError:  # e.g. "[1, 2": not a ValueError, so a traceback before
+            raise ValueError(f"-k {pair}: {value!r} is no YAML value (a number, text, [list] or {{mapping}}); "
+                             "quote text that holds brackets or colons") from None  # fmt: skip
     if env_id is not None:
         from rl_llm.envs.registration import check_env_kwargs
 
@@ -51,13 +55,30 @@ def social_game(name: str) -> str | None:
 
 def positive_int(text: str) -> int:
     """argparse type of counts such as --episodes: 0 or fewer would print a table of NaN and exit 0."""
+    return whole_number(text, 1)
+
+
+def seed_int(text: str) -> int:
+    """argparse type of --seed: a negative one fails in numpy as "expected non-negative integer", naming no option."""
+    return whole_number(text, 0)
+
+
+def whole_number(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
     return value
+
+
+def out_file(out: str | None, default: str) -> Path:
+    """``--out`` of eval, checked before any episode is played: a directory there would fail only the last write."""
+    path = Path(out or default)
+    if path.is_dir():
+        raise IsADirectoryError(f"--out {path} is a directory; name a .jsonl file to write instead")
+    return path
 
 
 def resolve_env_id(name: str) -> str:
@@ -122,6 +143,7 @@ def cmd_tournament(game: str, args: argparse.Namespace) -> int:
     from rl_llm.agents.tournament import print_tournament, run_tournament, write_jsonl
 
     names = [name for name in (args.agents or args.agent or "").split(",") if name] or baselines_for(game)
+    out = out_file(args.out, f"runs/eval/{game}-tournament.jsonl")
     env_kwargs = parse_kwargs(args.kwarg, f"social/{game}")  # checked before any model loads
     options = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
     llms = {name: make_policy(name, game, seed=args.seed, **options) for name in names if is_llm_spec(name)}
@@ -135,7 +157,6 @@ def cmd_tournament(game: str, args: argparse.Namespace) -> int:
         for policy in llms.values():
             policy.close()
     print_tournament(result, console)
-    out = Path(args.out or f"runs/eval/{game}-tournament.jsonl")
     write_jsonl(result, out)
     console.print(f"matches written to {out}")
     return 0
@@ -158,7 +179,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     policy = make_policy(args.agent, env_id, seed=args.seed, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature)  # fmt: skip
     name = args.agent.replace(":", "_").replace("/", "_").replace("#", "_")
-    out = Path(args.out or f"runs/eval/{env_id.split('/')[1]}-{name}.jsonl")
+    out = out_file(args.out, f"runs/eval/{env_id.split('/')[1]}-{name}.jsonl")
     trajectories = out.with_suffix(".trajectories.jsonl")  # every agent's, for `rl-llm view`
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
@@ -266,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     play = sub.add_parser("play", help="play an environment yourself in the terminal")
     play.add_argument("env")
-    play.add_argument("--seed", type=int, default=None)
+    play.add_argument("--seed", type=seed_int, default=None)
     play.add_argument("-k", "--kwarg", action="append", default=[], metavar="KEY=VALUE", help="env argument")
     play.set_defaults(func=cmd_play)
 
@@ -280,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="baseline name (see `rl-llm list`), hf:tiny, hf:PATH, vllm:MODEL, "
                                "vllm:http://HOST:PORT#MODEL, vllm-serve:MODEL or openai:URL#MODEL")  # fmt: skip
     evaluate.add_argument("--episodes", type=positive_int, default=20)
-    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--seed", type=seed_int, default=0)
     evaluate.add_argument("--batch-size", type=positive_int, default=16)
     evaluate.add_argument("--out", default=None, help="JSONL path for per-episode records (the plot goes next to it)")
     evaluate.add_argument("-k", "--kwarg", action="append", default=[], metavar="KEY=VALUE", help="env argument")
@@ -291,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="an agent over a versioned suite (--agent), or every baseline on every env")
     bench.add_argument("envs", nargs="*", help="without --agent: environments or games (default: all)")
     bench.add_argument("--episodes", type=positive_int, default=50, help="without --agent: episodes per baseline")
-    bench.add_argument("--seed", type=int, default=0, help="without --agent: first seed")
+    bench.add_argument("--seed", type=seed_int, default=0, help="without --agent: first seed")
     from rl_llm.agents.bench.cli import add_bench_arguments
 
     add_bench_arguments(bench)

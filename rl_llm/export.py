@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,8 @@ TRAJECTORIES_SUFFIX = ".trajectories.jsonl"
 INSTALL = "pip install 'rl-llm[export]'"
 # The fields of a trajectory record copied into each row (besides messages and return).
 EPISODE_FIELDS = ("env_id", "task_id", "seed", "group_id", "group_index", "end_reason", "policy_version")
+# A UTF-16 surrogate: in text only from a lone "\ud800" escape in the JSON read, and no UTF-8 writer takes one.
+SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
@@ -77,9 +80,13 @@ def _lines(path: Path) -> Iterable[str]:
                 yield line
 
 
+def _objects(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, dict) for item in value)
+
+
 def _is_trajectory(record: Any) -> bool:
-    return isinstance(record, dict) and isinstance(record.get("messages"), list) and \
-        isinstance(record.get("turns"), list)  # fmt: skip
+    # Every message and turn an object too: a line that only looks like a record is skipped, not a crash.
+    return isinstance(record, dict) and _objects(record.get("messages")) and _objects(record.get("turns"))
 
 
 def read_records(path: str | Path) -> tuple[list[tuple[dict[str, Any], Path]], int, list[str]]:
@@ -119,11 +126,22 @@ def _sibling(path: Path) -> Path | None:
     return sibling if sibling.is_file() else None
 
 
+def number(value: Any) -> float:
+    """A record's reward or metric as a float: 0.0 for what is no number (null, text), and an integer past
+    float's range (JSON allows any size) as an infinity of its sign instead of an OverflowError."""
+    if not isinstance(value, (int, float)):
+        return 0.0
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 def episode_return(record: dict[str, Any]) -> float:
     total = record.get("total_reward")
     if isinstance(total, (int, float)):
-        return float(total)
-    return float(sum(float(turn.get("reward") or 0.0) for turn in record.get("turns") or []))
+        return number(total)
+    return sum(number(turn.get("reward")) for turn in record.get("turns") or [])
 
 
 def to_row(record: dict[str, Any], source: str = "") -> dict[str, Any]:
@@ -140,7 +158,7 @@ def to_row(record: dict[str, Any], source: str = "") -> dict[str, Any]:
         }
         if row["role"] == "assistant":
             turn = turns[assistant] if assistant < len(turns) else None
-            row["reward"] = float(turn.get("reward") or 0.0) if turn is not None else None
+            row["reward"] = number(turn.get("reward")) if turn is not None else None
             row["train"] = turn is not None and not turn.get("invalid_action", False)
             assistant += 1
         messages.append(row)
@@ -148,9 +166,9 @@ def to_row(record: dict[str, Any], source: str = "") -> dict[str, Any]:
     out.update({name: record.get(name) for name in EPISODE_FIELDS})
     out["step"] = record.get("step")
     out["turns"] = len(turns)
-    out["metrics"] = {
-        k: float(v) for k, v in (record.get("metrics") or {}).items() if isinstance(v, (int, float))
-    }
+    metrics = record.get("metrics")
+    out["metrics"] = {k: number(v) for k, v in (metrics if isinstance(metrics, dict) else {}).items()
+                      if isinstance(v, (int, float))}  # fmt: skip
     out["source"] = source
     return out
 
@@ -162,7 +180,8 @@ def select(rows: list[dict[str, Any]], min_return: float | None = None,
     if best_per_group:
         best: dict[Any, dict[str, Any]] = {}
         for index, row in enumerate(rows):
-            key = (row.get("source"), row.get("step"), row.get("group_id")) if row.get("group_id") else index
+            # repr: a group_id or step read from JSON may be a list, which no dict key can be
+            key = repr((row.get("source"), row.get("step"), row.get("group_id"))) if row.get("group_id") else index
             if key not in best or row["return"] > best[key]["return"]:
                 best[key] = row
         chosen = {id(row) for row in best.values()}
@@ -198,35 +217,60 @@ def write_sft_jsonl(rows: list[dict[str, Any]], out: Path) -> None:
             handle.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
 
 
-def _finite(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """NaN/inf metrics as null (JSON has no NaN; Arrow would keep it, but one rule for every format)."""
-    for row in rows:
-        row["metrics"] = {k: (v if math.isfinite(v) else None) for k, v in row["metrics"].items()}
-        if not math.isfinite(row["return"]):
-            row["return"] = None
-    return rows
+def writable(value: Any) -> Any:
+    """``value`` (JSON-like) with what a writer cannot take made plain: NaN and infinities as null (JSON has
+    none; Arrow would keep them, but one rule for every format) and lone surrogates as U+FFFD (no UTF-8
+    encoder takes them: the write would fail)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [writable(item) for item in value]
+    if isinstance(value, dict):
+        return {writable(key): writable(item) for key, item in value.items()}
+    return value
 
 
 def write_rows(rows: list[dict[str, Any]], fmt: str, out: Path) -> None:
     if fmt == "sft-jsonl":
         write_sft_jsonl(rows, out)
-    elif fmt == "parquet":
+    elif fmt in ("parquet", "hf"):
+        pa = _need("pyarrow", fmt)  # datasets builds on it too
+        try:
+            _write_arrow(rows, fmt, out)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as error:  # the last two: a traceback
+            raise ValueError(f"--format {fmt} cannot store these episodes ({error}): a field holds values of "
+                             "different types, or a number past 64 bits; --format sft-jsonl keeps the records "
+                             "as they are") from None  # fmt: skip
+    else:
+        raise ValueError(f"unknown export format {fmt!r}; one of {', '.join(FORMATS)}")
+
+
+def _write_arrow(rows: list[dict[str, Any]], fmt: str, out: Path) -> None:
+    if fmt == "parquet":
         pa = _need("pyarrow", fmt)
         pq = _need("pyarrow.parquet", fmt)
         table = pa.Table.from_pylist(rows)
         with atomic_path(out) as partial:
             pq.write_table(table, partial)
-    elif fmt == "hf":
-        datasets = _need("datasets", fmt)
-        bars = datasets.is_progress_bar_enabled()
-        datasets.disable_progress_bars()  # a redrawn bar is noise in a pipe or a log
-        try:
-            datasets.Dataset.from_list(rows).save_to_disk(str(out))
-        finally:
-            if bars:
-                datasets.enable_progress_bars()
-    else:
-        raise ValueError(f"unknown export format {fmt!r}; one of {', '.join(FORMATS)}")
+        return
+    datasets = _need("datasets", fmt)
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # a redrawn bar is noise in a pipe or a log
+    try:
+        datasets.Dataset.from_list(rows).save_to_disk(str(out))
+    finally:
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def check_out(out: Path, reads: list[Path]) -> None:
+    """Refuse an output that is one of the files (or the run directory) being read: writing it would
+    replace the input with the output."""
+    if any(out.resolve() == path.resolve() for path in reads):
+        raise ValueError(f"{out} is what is being read; name another output with --out (writing it would "
+                         "replace the input)")  # fmt: skip
 
 
 def export(path: str | Path, fmt: str, out: str | Path | None = None, *, min_return: float | None = None,
@@ -242,13 +286,16 @@ def export(path: str | Path, fmt: str, out: str | Path | None = None, *, min_ret
     sources = list(dict.fromkeys(source for _, source in records))
     errored = sum(1 for record, _ in records if record.get("error"))
     rows = [to_row(record, str(source)) for record, source in records if not record.get("error")]
-    kept = _finite(select(rows, min_return, best_per_group))
+    kept = writable(select(rows, min_return, best_per_group))
     if not kept:
         best = max((row["return"] for row in rows), default=None)
         why = "every episode ended on an error" if not rows else \
             f"no episode passes the filters (best return {best:.4g})"  # fmt: skip
         raise ValueError(f"nothing to export from {path}: {why}")
     target = Path(out) if out else default_out(path, fmt)
+    check_out(target, [Path(path), *sources])
+    if fmt == "hf" and target.is_file():  # save_to_disk's own error says only "File exists"
+        raise ValueError(f"--out {target} is a file; --format hf writes a directory (datasets' save_to_disk)")
     write_rows(kept, fmt, target)
     return Export(target, kept, sources, read=len(records), skipped_lines=skipped, errored=errored,
                   filtered=len(rows) - len(kept), notes=notes)  # fmt: skip

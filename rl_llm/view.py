@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rl_llm.export import check_out, number, writable
 from rl_llm.types import TokenRole
 
 METRICS_FILE = "metrics.jsonl"
@@ -46,6 +47,30 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return records
+
+
+def _list(record: dict[str, Any], key: str) -> list[Any]:
+    """``record[key]`` where it is a list, else [] (a foreign or hand-edited record may hold anything)."""
+    value = record.get(key)
+    return value if isinstance(value, list) else []
+
+
+def _showable(record: Any) -> bool:
+    """A JSON object whose turns and messages, where they are lists, hold objects: what the page reads."""
+    return isinstance(record, dict) and all(
+        all(isinstance(item, dict) for item in _list(record, key)) for key in ("turns", "messages"))
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    """A run's summary.json; ValueError naming the file when it is not a JSON object."""
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not JSON ({error}); move it aside to view the rest of the run") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{path} holds a JSON {type(summary).__name__}, not an object; move it aside to view "
+                         "the rest of the run")  # fmt: skip
+    return summary
 
 
 # -- tokens -----------------------------------------------------------------------------------------------
@@ -91,8 +116,8 @@ def find_decoder(candidates: list[Path | None]) -> tuple[Decoder | None, str]:
 def role_spans(record: dict[str, Any], decoder: Decoder | None) -> list[list[Any]]:
     """[[role, text, n_tokens], ...]: runs of same-role tokens, each decoded as a whole (so multi-byte
     characters split across tokens come out right)."""
-    ids, roles = record.get("token_ids") or [], record.get("token_roles") or []
-    if decoder is not None and ids and len(ids) == len(roles):
+    ids, roles = _list(record, "token_ids"), _list(record, "token_roles")
+    if decoder is not None and ids and len(ids) == len(roles) and all(type(i) is int for i in ids):
         spans: list[list[Any]] = []
         start = 0
         for i in range(1, len(ids) + 1):
@@ -105,7 +130,7 @@ def role_spans(record: dict[str, Any], decoder: Decoder | None) -> list[list[Any
     # No tokenizer: the messages in order; the opening system and user messages are the prompt.
     spans = []
     seen_assistant = False
-    for message in record.get("messages") or []:
+    for message in _list(record, "messages"):
         role = message.get("role")
         seen_assistant = seen_assistant or role == "assistant"
         kind = "policy" if role == "assistant" else ("env" if seen_assistant else "prompt")
@@ -121,19 +146,19 @@ def _clip(text: Any) -> str:
 def episode_view(record: dict[str, Any], decoder: Decoder | None, label: str) -> dict[str, Any]:
     """What the page shows of one trajectory record (``Trajectory.to_json``, plus ``step`` for samples)."""
     turns = []
-    for index, turn in enumerate(record.get("turns") or []):
-        info = turn.get("info") or {}
+    for index, turn in enumerate(_list(record, "turns")):
+        info = turn.get("info") if isinstance(turn.get("info"), dict) else {}
         turns.append({
             "index": index + 1, "action": _clip(turn.get("action")), "observation": _clip(turn.get("observation")),
             "reward": turn.get("reward", 0.0), "invalid": bool(turn.get("invalid_action")),
             "components": info.get("reward_components") or {}, "metrics": info.get("metrics") or {},
             "finish_reason": info.get("finish_reason"),
         })  # fmt: skip
-    roles = record.get("token_roles") or []
+    roles = _list(record, "token_roles")
     counts = {name: sum(1 for role in roles if role == value) for value, name in ROLE_NAMES.items()}
     total = record.get("total_reward")
     if total is None:
-        total = sum(float(turn["reward"] or 0.0) for turn in turns)
+        total = sum(number(turn["reward"]) for turn in turns)
     spans = role_spans(record, decoder)
     for span in spans:
         span[1] = _clip(span[1])
@@ -168,7 +193,7 @@ def load(path: str | Path, episodes: int = 24, tokenizer: str | Path | None = No
         if (path / METRICS_FILE).is_file():
             metrics = read_jsonl(path / METRICS_FILE)
         if (path / SUMMARY_FILE).is_file():
-            summary = json.loads((path / SUMMARY_FILE).read_text(encoding="utf-8"))
+            summary = read_summary(path / SUMMARY_FILE)
         sources = [path / SAMPLES_FILE] if (path / SAMPLES_FILE).is_file() else sorted(
             path.glob("*.trajectories.jsonl"))  # fmt: skip
         if not sources:
@@ -181,7 +206,7 @@ def load(path: str | Path, episodes: int = 24, tokenizer: str | Path | None = No
     else:
         raise FileNotFoundError(f"{path}: no such run directory or trajectories file")
     read = [record for source in sources for record in read_jsonl(source)]
-    records = [record for record in read if isinstance(record, dict)]
+    records = [record for record in read if _showable(record)]
     if not records and (path.is_file() or (not metrics and summary is None)):  # nothing to show: no page
         where = ", ".join(str(source) for source in sources)
         raise ValueError(f"{where} holds no valid record (a trajectories JSONL has one JSON object per line)")
@@ -189,10 +214,12 @@ def load(path: str | Path, episodes: int = 24, tokenizer: str | Path | None = No
         sibling = path.with_suffix(".trajectories.jsonl") if path.is_file() else None
         hint = f"; the trajectories are in {sibling}" if sibling is not None and sibling.is_file() else ""
         raise ValueError(f"{sources[0]} holds episode records, not trajectories (no turns){hint}")
+    if tokenizer and not Path(tokenizer).is_dir():  # not silently replaced by the messages
+        raise FileNotFoundError(f"--tokenizer {tokenizer}: no such model directory")
     candidates: list[Path | None] = [Path(tokenizer) if tokenizer else None]
     if run_dir is not None:
         candidates.append(run_dir / "model")
-    if summary and summary.get("model_path"):
+    if summary and isinstance(summary.get("model_path"), str):
         candidates.append(Path(summary["model_path"]))
     decoder, token_note = find_decoder(candidates) if records else (None, "")
     if token_note:
@@ -215,11 +242,12 @@ def _label(record: dict[str, Any], index: int) -> str:
     return f"{where} · {record.get('env_id', '')} seed {record.get('seed')}{seat}"
 
 
-def _match_key(record: dict[str, Any]) -> tuple[Any, ...] | None:
-    """The match a two-player game's seat record belongs to (None for single-agent records)."""
+def _match_key(record: dict[str, Any]) -> str | None:
+    """The match a two-player game's seat record belongs to (None for single-agent records); a repr, as a
+    group_id read from JSON may be a list, which no set or dict key can be."""
     if not record.get("seat"):
         return None
-    return (record.get("step"), record.get("group_id"), record.get("group_index"))
+    return repr((record.get("step"), record.get("group_id"), record.get("group_index")))
 
 
 def _with_partners(chosen: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -233,13 +261,13 @@ def _with_partners(chosen: list[dict[str, Any]], records: list[dict[str, Any]]) 
 
 def _pair_seats(shown: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Seats of one match side by side: one ``{"match": [seat views...]}`` entry per match, in seat order."""
-    matches: dict[tuple[Any, ...], dict[str, Any]] = {}
+    matches: dict[str, dict[str, Any]] = {}
     out: list[dict[str, Any]] = []
     for view in shown:
         if not view.get("seat"):
             out.append(view)
             continue
-        key = (view["step"], view["group_id"], view["group_index"])
+        key = _match_key(view)
         if key not in matches:
             matches[key] = {"match": [], "label": view["label"]}
             out.append(matches[key])
@@ -254,7 +282,7 @@ def _numeric(metrics: list[dict[str, Any]]) -> list[dict[str, float]]:
     keep = []
     for record in metrics:
         keep.append({key: value for key, value in record.items()
-                     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)})
+                     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(number(value))})
     return keep
 
 
@@ -273,7 +301,8 @@ def summary_html(summary: dict[str, Any] | None) -> str:
                      summary["before"]))
     if isinstance(summary.get("after"), dict):
         rows.append((f"trained ({summary.get('algorithm', '')}, {summary.get('steps', '?')} steps)", summary["after"]))
-    for name, values in (summary.get("baselines") or {}).items():
+    baselines = summary.get("baselines")
+    for name, values in (baselines if isinstance(baselines, dict) else {}).items():
         if isinstance(values, dict):
             rows.append((name, values))
     columns = list(dict.fromkeys(key for _, values in rows for key in values))
@@ -309,6 +338,7 @@ def _plain(value: Any) -> str:
 
 def render(data: dict[str, Any]) -> str:
     """The whole page. The data is inlined as JSON with every '<' escaped, so no text can end the script."""
+    data = writable(data)  # NaN would make the page's JSON.parse fail, a lone surrogate the UTF-8 write
     payload = json.dumps({key: value for key, value in data.items() if key != "summary"}, ensure_ascii=False)
     payload = payload.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
     notes = "".join(f"<li>{html.escape(note)}</li>" for note in data["notes"])
@@ -324,8 +354,11 @@ def write_view(path: str | Path, out: str | Path | None = None, episodes: int = 
     """Write the page for a run directory or trajectories JSONL; returns its path (default: RUN/view.html,
     or the JSONL's path with .html)."""
     path = Path(path)
-    data = load(path, episodes=episodes, tokenizer=tokenizer)
     target = Path(out) if out else (path / "view.html" if path.is_dir() else path.with_suffix(".html"))
+    # what is read (a file's path joined with these names is nothing): never overwritten by the page
+    check_out(target, [path, *(path / name for name in (METRICS_FILE, SUMMARY_FILE, SAMPLES_FILE)),
+                       *path.glob("*.trajectories.jsonl")])  # fmt: skip
+    data = load(path, episodes=episodes, tokenizer=tokenizer)
     from rl_llm.paths import atomic_path
 
     with atomic_path(target) as partial:

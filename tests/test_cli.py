@@ -59,6 +59,11 @@ def test_eval_prints_a_table_and_writes_one_jsonl_line_per_episode(tmp_path: Pat
     # no episodes: a table of NaN and exit status 0 before
     (("eval", "MultiArmedBandit", "--agent", "ucb", "--episodes", "0"), "--episodes: must be at least 1, got 0"),
     (("view", ".", "--episodes", "-1"), "--episodes: must be at least 1, got -1"),  # a page of no episodes before
+    # numpy's "expected non-negative integer" before, naming no option
+    (("eval", "MultiArmedBandit", "--agent", "ucb", "--seed", "-1"), "--seed: must be at least 0, got -1"),
+    (("bench", "MultiArmedBandit", "--seed", "-1"), "--seed: must be at least 0, got -1"),
+    (("eval", "MultiArmedBandit", "--agent", "ucb", "-k", "num_arms=["), "'[' is no YAML value"),  # a traceback before
+    (("eval", "MultiArmedBandit", "--agent", "ucb", "-k", "horizon=.nan"), "horizon must be at least 1, got nan"),  # hung
     # a model path that is not there: transformers' "Repo id must use alphanumeric chars" traceback before
     (("eval", "MultiArmedBandit", "--agent", "hf:/no/such/model"), "no model directory /no/such/model"),
 ])
@@ -197,3 +202,13 @@ def test_an_out_that_is_a_directory_is_one_line_and_left_alone(tmp_path: Path) -
         assert f"error: {target} is a directory; name a file to write instead" in result.stdout
         assert "Traceback" not in result.stderr
     assert [p.name for p in target.iterdir()] == ["inside"]
+
+
+def test_eval_out_that_is_a_directory_fails_before_any_episode(tmp_path: Path) -> None:
+    """The directory made the last write fail, after every episode had been played (hours, for an LLM)."""
+    for args in (("MultiArmedBandit", "--agent", "ucb"), ("prisoners_dilemma", "--agents", "tit_for_tat")):
+        result = rl_llm("eval", *args, "--episodes", "2", "--out", str(tmp_path))
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stdout.splitlines() == [f"error: --out {tmp_path} is a directory; name a .jsonl file to write "
+                                              "instead"]  # fmt: skip
+    assert not list(tmp_path.parent.glob(f"{tmp_path.name}.*"))  # no trajectories or plot beside it

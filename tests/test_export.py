@@ -176,3 +176,83 @@ def test_trl_sft_trainer_takes_the_sft_jsonl_as_it_is(trajectories: Path, tmp_pa
                              processing_class=AutoTokenizer.from_pretrained(path))  # fmt: skip
     tokenized = trainer.train_dataset
     assert tokenized.num_rows == 5 and all(len(ids) > 20 for ids in tokenized["input_ids"])
+
+
+def test_hostile_records_are_skipped_or_written_plainly_never_a_traceback(trajectories: Path, tmp_path: Path) -> None:
+    """Lines that only look like trajectories (a turn or message that is no object) are skipped and counted;
+    fields of the wrong type or size, NaN and lone surrogates are written as plain values. Each was a
+    traceback (AttributeError, OverflowError, TypeError) or an unspecific error line before."""
+    good = json.loads(trajectories.read_text().splitlines()[0])
+
+    def variant(**fields: object) -> str:
+        return json.dumps({**good, **fields}) + "\n"
+
+    huge = 10**400  # valid JSON, past float's range
+    lines = [
+        variant(turns=[1, 2]), variant(messages=["hello"]), variant(turns=[None]),  # skipped: not trajectories
+        variant(total_reward=huge, metrics={"win": huge, "loss": [1]}, group_id=["a"]),  # group_id: unhashable
+        variant(total_reward=None, turns=[{**good["turns"][0], "reward": float("nan")}, {"reward": "x"}],
+                metrics=[1, 2], group_id="nan"),
+        variant(messages=[*good["messages"], {"role": "user", "content": "lone \ud800 surrogate"}], group_id="text"),
+    ]  # fmt: skip
+    path = tmp_path / "hostile.trajectories.jsonl"
+    path.write_text("".join(lines), encoding="utf-8")
+    result = rl_llm("export", str(path), "--format", "sft-jsonl", "--out", str(tmp_path / "out.jsonl"),
+                    "--best-per-group")  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "exported 3 of 3 episodes" in result.stdout and "3 line(s) not a trajectory" in result.stdout
+    path.write_text("".join(lines[4:]), encoding="utf-8")  # Arrow takes no list group_id beside text ones
+    result = rl_llm("export", str(path), "--format", "parquet", "--out", str(tmp_path / "out.parquet"))
+    assert result.returncode == 0 and "exported 2 of 2 episodes" in result.stdout, result.stdout + result.stderr
+    rows = [json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in the JSONL")) for line in
+            (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]  # fmt: skip
+    assert [row["return"] for row in rows] == [None, None, 1.0]  # huge: inf, then null; NaN + 0 (for "x")
+    assert rows[0]["metrics"] == {"win": None} and rows[1]["metrics"] == {}
+    assert rows[2]["messages"][-1]["content"] == "lone \ufffd surrogate"
+
+
+def test_parquet_of_fields_with_mixed_types_fails_on_one_line(trajectories: Path, tmp_path: Path) -> None:
+    first, second, *_ = trajectories.read_text().splitlines()
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(first + "\n" + json.dumps({**json.loads(second), "seed": [1]}) + "\n")  # TypeError before
+    result = rl_llm("export", str(path), "--format", "parquet")
+    assert result.returncode == 2 and "--format parquet cannot store these episodes" in result.stdout, \
+        result.stdout + result.stderr  # fmt: skip
+    assert "Traceback" not in result.stderr and not list(tmp_path.glob("*parquet*"))
+
+
+@pytest.mark.parametrize(("fmt", "out"), [
+    ("sft-jsonl", "eval.trajectories.jsonl"),  # the file read
+    ("parquet", "eval.jsonl"),  # an episode log whose trajectories were read through its sibling
+    ("hf", "."),  # the run directory read
+])  # fmt: skip
+def test_the_output_never_replaces_the_input(fmt: str, out: str, trajectories: Path, tmp_path: Path) -> None:
+    log = tmp_path / "eval.jsonl"
+    log.write_text('{"seed": 0, "episode_return": 1.0, "turns": 2}\n')
+    before = {path: path.read_bytes() for path in (trajectories, log)}
+    source = log if out == "eval.jsonl" else (tmp_path if out == "." else trajectories)
+    result = rl_llm("export", str(source), "--format", fmt, "--out", str(tmp_path / out))
+    assert result.returncode == 2 and "is what is being read; name another output" in result.stdout, \
+        result.stdout + result.stderr  # fmt: skip
+    assert {path: path.read_bytes() for path in before} == before  # overwritten by the export before
+
+
+def test_outputs_that_are_no_plain_file_are_written_in_place_or_refused(trajectories: Path, tmp_path: Path) -> None:
+    import os
+    import stat
+
+    result = rl_llm("export", str(trajectories), "--format", "hf", "--out", str(trajectories.with_suffix(".x")))
+    assert result.returncode == 0, result.stdout + result.stderr
+    taken = tmp_path / "taken.txt"
+    taken.write_text("keep")
+    result = rl_llm("export", str(trajectories), "--format", "hf", "--out", str(taken))
+    assert result.returncode == 2 and "is a file; --format hf writes a directory" in result.stdout  # "File exists"
+    result = rl_llm("export", str(trajectories), "--format", "sft-jsonl", "--out", str(taken / "x.jsonl"))
+    assert result.returncode == 2 and f"cannot write {taken}/x.jsonl: {taken} is a file" in result.stdout
+    try:  # a device like /dev/null: as root the atomic rename replaced the device node with a plain file
+        os.mknod(tmp_path / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        return
+    result = rl_llm("export", str(trajectories), "--format", "sft-jsonl", "--out", str(tmp_path / "null"))
+    assert result.returncode == 0 and stat.S_ISCHR((tmp_path / "null").stat().st_mode), result.stdout
+    assert taken.read_text() == "keep"

@@ -212,3 +212,59 @@ def test_view_of_a_file_with_no_valid_record_fails_and_writes_no_page(content: s
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"{path} holds no valid record" in result.stdout and "Traceback" not in result.stderr
     assert not path.with_suffix(".html").exists() and not list(tmp_path.glob("*.html"))
+
+
+def test_hostile_records_still_make_a_page_that_renders(tmp_path: Path) -> None:
+    """A record whose turns are no objects is skipped (an AttributeError before); NaN, an integer past float's
+    range, a lone surrogate, an info that is no object and a list group_id are shown plainly: NaN made
+    JSON.parse fail, so the page showed nothing, the surrogate failed the write, the list a TypeError."""
+    good = json.loads(Trajectory(env_id="e", task_id="t", seed=0, turns=[Turn(action="a", observation="o",
+                                                                              reward=1.0)]).to_json())  # fmt: skip
+    hostile = {**good, "total_reward": 10**400, "metrics": {"regret": float("nan")}, "token_roles": 7,
+               "turns": [{"action": "lone \ud800", "observation": "", "reward": float("nan"), "info": "x"}]}
+    path = tmp_path / "hostile.jsonl"
+    seats = [{**good, "seat": seat, "group_id": ["a"]} for seat in ("player_0", "player_1")]  # unhashable
+    path.write_text("".join(json.dumps(record) + "\n" for record in (good, {**good, "turns": [1]}, hostile, *seats)))
+    result = rl_llm("view", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    dom = browse(path.with_suffix(".html"), tmp_path, "--dump-dom")
+    assert 'data-rendered="yes"' in dom and "lone \ufffd" in dom
+
+
+@pytest.mark.parametrize(("summary", "message"), [
+    ("{torn", "summary.json is not JSON (Expecting property name"),  # no file named before
+    ("[1, 2]", "summary.json holds a JSON list, not an object"),  # AttributeError before
+    ('{"baselines": [1], "model_path": 5, "after": {"return": 1.0}}', None),  # a page; AttributeError before
+])  # fmt: skip
+def test_a_summary_that_is_no_json_object_is_named(summary: str, message: str | None, tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
+    (tmp_path / "summary.json").write_text(summary)
+    result = rl_llm("view", str(tmp_path))
+    if message is None:
+        assert result.returncode == 0 and (tmp_path / "view.html").is_file(), result.stdout + result.stderr
+        return
+    assert result.returncode == 2 and message in result.stdout, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "view.html").exists()
+
+
+@pytest.mark.parametrize(("source", "out"), [
+    ("episodes.jsonl", "episodes.jsonl"),
+    ("episodes.html", None),  # a trajectories file named .html: the default page was the file itself
+    (".", "metrics.jsonl"),
+])  # fmt: skip
+def test_the_page_never_replaces_what_it_shows(source: str, out: str | None, tmp_path: Path) -> None:
+    line = Trajectory(env_id="e", task_id="t", seed=0, turns=[Turn(action="a", observation="", reward=1.0)]).to_json()
+    for name in ("episodes.jsonl", "episodes.html", "metrics.jsonl"):
+        (tmp_path / name).write_text(line + "\n" if name != "metrics.jsonl" else '{"step": 1}\n')
+    before = {path: path.read_bytes() for path in tmp_path.iterdir()}
+    result = rl_llm("view", str(tmp_path / source), *(("--out", str(tmp_path / out)) if out else ()))
+    assert result.returncode == 2 and "is what is being read; name another output with --out" in result.stdout, \
+        result.stdout + result.stderr  # fmt: skip
+    assert {path: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+
+def test_a_tokenizer_that_is_not_there_is_an_error_not_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "episodes.jsonl"
+    path.write_text(Trajectory(env_id="e", task_id="t", seed=0).to_json() + "\n")
+    result = rl_llm("view", str(path), "--tokenizer", str(tmp_path / "no-model"))
+    assert result.returncode == 2 and f"--tokenizer {tmp_path / 'no-model'}: no such model directory" in result.stdout

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
+
+if TYPE_CHECKING:
+    from rl_llm.agents.bench.suite import Suite
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +37,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_baseline(suite: Suite, agent: str) -> None:
+    """A baseline name must be one of some env's in the suite: else every env skips it, and a run of nothing
+    would exit 0 and claim its --out directory for that name."""
+    from rl_llm.agents.baselines import baselines_for
+
+    known = {"oracle", *(name for entry in suite.envs for name in baselines_for(entry.env))}
+    if agent not in known:
+        raise ValueError(f"unknown agent {agent!r}: no baseline of {suite.id} (its baselines: {', '.join(sorted(known))}) "
+                         "and no LLM spec (hf:, vllm:, vllm-serve:, openai:)")  # fmt: skip
+
+
 def bench_main(args: argparse.Namespace, console: Console) -> int:
     from rl_llm.agents import is_llm_spec
     from rl_llm.agents.bench import load_suite, run_bench
@@ -43,9 +58,16 @@ def bench_main(args: argparse.Namespace, console: Console) -> int:
         )
     if args.concurrency < 1:
         raise ValueError("--concurrency must be at least 1")
+    for option, value in (("--max-episodes", args.max_episodes), ("--max-tokens-budget", args.max_tokens_budget)):
+        if value is not None and value < 0:  # "limit of -1 reached; run again to continue" before
+            raise ValueError(f"{option} must be at least 0, got {value}")
     suite = load_suite(args.suite or "core-v1")
+    if not is_llm_spec(args.agent):
+        check_baseline(suite, args.agent)
     name = args.agent.replace(":", "_").replace("/", "_").replace("#", "_")
     out = Path(args.out or f"runs/bench/{suite.id}-{name}")
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file; bench writes a run directory there")
     options = {
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,

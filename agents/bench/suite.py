@@ -92,18 +92,32 @@ def load_suite(name_or_path: str) -> Suite:
             raise ValueError(
                 f"unknown suite {name_or_path!r}; shipped suites: {', '.join(available_suites())}"
             )
-    with path.open(encoding="utf-8") as handle:
-        data = yaml.safe_load(handle)
+    try:
+        with path.open(encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except (yaml.YAMLError, UnicodeDecodeError) as error:  # YAMLError is no ValueError: a traceback before
+        raise ValueError(f"{path}: not a suite YAML file ({str(error).splitlines()[0]})") from None
     return parse_suite(data, source=str(path))
 
 
 def parse_suite(data: dict[str, Any], source: str = "suite") -> Suite:
+    if not isinstance(data, dict) or not {"name", "version", "envs"} <= set(data):
+        raise ValueError(f"{source}: a suite needs name, version and envs")
+    if not isinstance(data["envs"], list) or not all(isinstance(raw, dict) and {"key", "env"} <= set(raw)
+                                                     for raw in data["envs"]):
+        raise ValueError(f"{source}: envs must be a list of mappings, each with a key and an env")
+    try:
+        return _parse_suite(data, source)
+    except (TypeError, ValueError) as error:  # int("ten"), dict([1]): name the file, whatever the field
+        message = str(error)
+        raise ValueError(message if message.startswith(source) else f"{source}: {message}") from None
+
+
+def _parse_suite(data: dict[str, Any], source: str) -> Suite:
     from rl_llm.agents.baselines import baselines_for
     from rl_llm.envs.registration import env_ids
     from rl_llm.envs.social import GAMES
 
-    if not isinstance(data, dict) or not {"name", "version", "envs"} <= set(data):
-        raise ValueError(f"{source}: a suite needs name, version and envs")
     base_seed = int(data.get("seed", 0))
     entries = []
     for raw in data["envs"]:

@@ -67,7 +67,7 @@ class BanditEnv(TextEnv):
     ) -> None:
         if not 2 <= num_arms <= len(ARM_LABELS):
             raise ValueError(f"num_arms must be in 2..{len(ARM_LABELS)}, got {num_arms}")
-        if horizon < 1:
+        if not horizon >= 1:  # NaN too (-k horizon=.nan): an episode that never ends
             raise ValueError(f"horizon must be at least 1, got {horizon}")
         if history not in HISTORY_MODES:
             raise ValueError(f"history must be one of {HISTORY_MODES}, got {history!r}")

@@ -370,3 +370,39 @@ def test_a_second_bench_on_the_same_directory_is_refused(tmp_path: Path) -> None
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(record["id"] for record in episodes(out)) == ["bandit/0", "bandit/1"]
+
+
+@pytest.mark.parametrize(("args", "suite", "message"), [
+    # a baseline of no env in the suite: every env skipped, exit status 0 and a run of nothing before
+    (("--agent", "nosuch"), TINY_SUITE, "unknown agent 'nosuch': no baseline of tiny-v1"),
+    (("--agent", "random", "--max-episodes", "-1"), TINY_SUITE, "--max-episodes must be at least 0, got -1"),
+    (("--agent", "random", "--max-tokens-budget", "-5"), TINY_SUITE, "--max-tokens-budget must be at least 0"),
+    # tracebacks before: yaml's ScannerError, TypeError, KeyError
+    (("--agent", "random"), "name: [x\n", "suite.yaml: not a suite YAML file (while parsing a flow sequence)"),
+    (("--agent", "random"), {**TINY_SUITE, "envs": [1]}, "envs must be a list of mappings, each with a key and an env"),
+    (("--agent", "random"), {**TINY_SUITE, "envs": [{"env": "rl-llm/MultiArmedBandit-v0"}]}, "each with a key"),
+    (("--agent", "random"), {**TINY_SUITE, "envs": [{**TINY_SUITE["envs"][0], "kwargs": [1]}]},
+     "suite.yaml: cannot convert dictionary update sequence"),
+])  # fmt: skip
+def test_bad_bench_input_fails_on_one_line_and_writes_nothing(args: tuple[str, ...], suite: object, message: str,
+                                                              tmp_path: Path) -> None:  # fmt: skip
+    path = tmp_path / "suite.yaml"
+    path.write_text(suite if isinstance(suite, str) else json.dumps(suite))
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "rl_llm.cli", "bench", *args, "--suite", str(path), "--out",
+                             str(out)], capture_output=True, text=True, timeout=300,
+                            env=cli_env(COLUMNS="200", RL_LLM_CACHE=str(tmp_path / "cache")))  # fmt: skip
+    assert result.returncode == 2 and message in result.stdout, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and not out.exists()
+
+
+def test_bench_out_that_is_a_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from rl_llm.cli import main
+
+    suite, out = tmp_path / "suite.yaml", tmp_path / "taken"
+    suite.write_text(json.dumps(TINY_SUITE))
+    out.write_text("keep")
+    assert main(["bench", "--agent", "random", "--suite", str(suite), "--out", str(out)]) == 2
+    # "[Errno 17] File exists: ..." before
+    assert f"error: --out {out} is a file; bench writes a run directory there" in capsys.readouterr().out
+    assert out.read_text() == "keep"
