@@ -19,6 +19,7 @@ sandboxes/images/), `local` (rlimits only, UNSAFE, only when asked for by name).
 """
 
 from rl_llm.sandboxes.base import (
+    QUOTA_EXIT_CODE,
     TIMEOUT_EXIT_CODE,
     ExecResult,
     Sandbox,
@@ -34,6 +35,7 @@ from rl_llm.sandboxes.workspace import cleanup_stale
 
 __all__ = [
     "BACKENDS",
+    "QUOTA_EXIT_CODE",
     "TIMEOUT_EXIT_CODE",
     "ExecResult",
     "Sandbox",

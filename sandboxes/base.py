@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 from rl_llm.errors import RLLMError
 
 if TYPE_CHECKING:
+    from rl_llm.sandboxes.quota import WorkspaceQuota
     from rl_llm.sandboxes.shell import ShellProcess, ShellSession
     from rl_llm.sandboxes.workspace import Workspace
 
@@ -40,6 +41,10 @@ def sandbox_env(home: str, extra: dict[str, str] | None = None) -> dict[str, str
 
 # Exit code reported when a command was killed at its wall-clock limit (GNU `timeout` uses it too).
 TIMEOUT_EXIT_CODE = 124
+# Exit code reported when a command was stopped for passing the workspace quota: 128 + SIGXFSZ, the signal of
+# the per-file size limit, its nearest kin.
+QUOTA_EXIT_CODE = 153
+NOTE = "[rl-llm sandbox] "  # starts what the sandbox itself adds to a command's stderr
 # Largest `python3 -c` argument; longer snippets go through a file (Linux caps one argv string at 128 KiB).
 _MAX_ARGV_CODE = 100_000
 
@@ -67,6 +72,13 @@ class SandboxLimits:
     and dropped.
     max_file_size_mb: largest file a process may write (RLIMIT_FSIZE). max_open_files: RLIMIT_NOFILE.
     network: False gives an empty network namespace (loopback only). tmp_size_mb: size of the private /tmp.
+    workspace_size_mb: total disk space of the workspace, whose files outlive the command that wrote them. The
+    workspace is a folder on the host's disk, shared with every other sandbox and the training run there, and
+    the per-file limit alone lets a command (or a background job) write file after file until that disk is
+    full. The host measures it after every command and while processes of the sandbox may be writing (at most
+    `quota.MAX_ENTRIES` entries, `quota.MAX_DEPTH` levels deep); past it, every process of the sandbox is
+    killed and the command fails with exit code 153 (`QUOTA_EXIT_CODE`, `ExecResult.over_quota`) and a note.
+    The files stay, so the agent can delete some and go on; until it is back under, it may not grow.
     """
 
     wall_timeout: float = 30.0
@@ -78,6 +90,7 @@ class SandboxLimits:
     max_open_files: int = 256
     network: bool = False
     tmp_size_mb: int = 64
+    workspace_size_mb: int = 512
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -85,8 +98,8 @@ class SandboxLimits:
             if field.name == "network":
                 if not isinstance(value, bool):
                     raise TypeError(f"SandboxLimits.network must be a bool, got {value!r}")
-            elif isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ValueError(f"SandboxLimits.{field.name} must be a positive number, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise ValueError(f"SandboxLimits.{field.name} must be a finite positive number, got {value!r}")
         if self.max_processes < 8:
             raise ValueError("SandboxLimits.max_processes must be at least 8 (the shell itself needs a few)")
         if self.max_open_files < 16:
@@ -118,7 +131,9 @@ class SandboxLimits:
 
 @dataclass(frozen=True)
 class ExecResult:
-    """What one command did. `exit_code` is 124 when `timed_out`; `truncated` when a stream passed the cap."""
+    """What one command did. `exit_code` is 124 when `timed_out`; `truncated` when a stream passed the cap;
+    `over_quota` when the workspace passed its size quota while it ran, so every process of the sandbox was
+    killed (`exit_code` 153 unless it also timed out; stderr ends with a note saying so)."""
 
     stdout: str
     stderr: str
@@ -126,6 +141,7 @@ class ExecResult:
     timed_out: bool
     duration_s: float
     truncated: bool = False
+    over_quota: bool = False
 
     @property
     def ok(self) -> bool:
@@ -175,6 +191,7 @@ class Sandbox(abc.ABC):
     `kill_processes()` ends the sessions and kills every process, keeping the workspace; `reset()` also
     wipes the workspace; `close()` also frees the workspace and the uid.
     Paths given to `write_file`/`read_file` are relative to the workspace; leaving it is refused.
+    The workspace's total size is held to `limits.workspace_size_mb` (see `quota.py`).
     """
 
     backend: ClassVar[str]
@@ -185,8 +202,13 @@ class Sandbox(abc.ABC):
         self._workspace = workspace
         self.keep_warm = keep_warm
         self._closed = False
+        from rl_llm.sandboxes.quota import WorkspaceQuota
+
+        self._quota = WorkspaceQuota(workspace.path, limits.workspace_size_mb,
+                                     weakref.WeakMethod(self._stop_writers),
+                                     weakref.WeakMethod(self._may_have_processes))
         # Everything cleanup needs lives here, not on self, so the finalizer does not keep the sandbox alive.
-        self._res = _Resources(workspace)
+        self._res = _Resources(workspace, self._quota)
         self._finalizer = weakref.finalize(self, self._res.cleanup)
 
     # -- the surface every environment uses ---------------------------------------------------------------
@@ -204,8 +226,8 @@ class Sandbox(abc.ABC):
         """Run `cmd` (a bash command line, or an argv list run without a shell) in a fresh process tree."""
         self._check_open()
         command_text(cmd)  # validates the type and refuses NUL bytes
-        return self._run(cmd, self._timeout(timeout), None if stdin is None else as_bytes(stdin, "stdin"),
-                         dict(env or {}))
+        limit, data = self._timeout(timeout), None if stdin is None else as_bytes(stdin, "stdin")
+        return self._quota.guard(lambda: self._run(cmd, limit, data, dict(env or {})))
 
     def run_python(self, code: str, timeout: float | None = None, stdin: Stdin = None) -> ExecResult:
         """Run a Python snippet with the sandbox's `python3` in the workspace; big snippets go via a file."""
@@ -244,15 +266,17 @@ class Sandbox(abc.ABC):
         state. (The unsafe `local` backend, when not running as root, finds detached processes by the
         environment they inherited, so one that replaced its whole environment escapes it.)"""
         self._check_open()
-        self._end_processes("the sandbox's processes were killed")
+        with self._quota.hold(wiped=False):
+            self._end_processes("the sandbox's processes were killed")
         self._warm_up()
 
     def reset(self) -> None:
         """Kill every process of this sandbox, end its sessions and wipe the workspace."""
         self._check_open()
-        self._end_processes("the sandbox was reset")
-        self._workspace.wipe()
-        self._wipe_private_dirs()
+        with self._quota.hold(wiped=True):  # a quota stop of the old episode cannot reach the new one
+            self._end_processes("the sandbox was reset")
+            self._workspace.wipe()
+            self._wipe_private_dirs()
         self._warm_up()
 
     def close(self) -> None:
@@ -293,6 +317,29 @@ class Sandbox(abc.ABC):
     def _inner_io_dir(self) -> str:
         """Where the private io directory (stdin and snippet files) appears to commands."""
         return "/run/rl-io"
+
+    def _kill_commands(self) -> None:
+        """Kill the one-off commands in flight where `_kill_all` does not reach them (bwrap: each runs in a
+        PID namespace of its own)."""
+        return None
+
+    def _may_have_processes(self) -> bool:
+        """Whether, with no command running, a process of this sandbox may still write to the workspace (the
+        quota watcher measures while it may). Docker and local cannot tell detached processes from none; bwrap
+        answers from its sessions' process trees."""
+        return True
+
+    def _stop_writers(self) -> None:
+        """What passing the workspace quota does: kill every process that could write to the workspace (the
+        commands in flight, the sessions' shells and all they started), keeping the files and the sessions,
+        each of which starts a fresh shell for its next command."""
+        if self._closed:
+            return
+        if self._kill_all():
+            self._res.drop_spare()  # it was killed too
+        self._kill_commands()
+        for session in list(self._res.sessions):
+            session._restart("the workspace passed its size quota")
 
     # -- shared plumbing ----------------------------------------------------------------------------------
     def _end_processes(self, reason: str) -> None:
@@ -337,8 +384,9 @@ class Sandbox(abc.ABC):
 class _Resources:
     """What a sandbox must give back: sessions, a spare shell, backend extras (containers), the workspace."""
 
-    def __init__(self, workspace: Workspace) -> None:
+    def __init__(self, workspace: Workspace, quota: WorkspaceQuota) -> None:
         self.workspace = workspace
+        self.quota = quota
         self.sessions: weakref.WeakSet[ShellSession] = weakref.WeakSet()
         self.spare: Future[ShellProcess] | None = None
         self.extra_cleanup: list[Callable[[], None]] = []
@@ -370,6 +418,7 @@ class _Resources:
     def cleanup(self) -> None:
         """Runs once, from close(), garbage collection or interpreter exit: nothing survives it."""
         try:
+            self.quota.close()  # first: no quota stop may run while the sandbox is torn down
             self.end_sessions("the sandbox was closed")
             for step in self.extra_cleanup:
                 step()

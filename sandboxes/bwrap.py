@@ -284,6 +284,13 @@ class BwrapShell(PopenShell):
         shells = children(inits[0]) if inits else []
         return shells[0] if shells else None
 
+    def has_background(self) -> bool:
+        """Anything in the namespace but its init and the idle shell: a job of the shell, or an orphan the
+        init adopted (``setsid``, ``nohup``, double forks). Read from /proc without scanning every process."""
+        inits = children(self.proc.pid)
+        below = children(inits[0]) if inits else []
+        return len(below) > 1 or any(children(pid) for pid in below)
+
     def terminate(self) -> None:
         kill_bwrap(self.proc)
 
@@ -292,7 +299,11 @@ def kill_bwrap(proc: subprocess.Popen[bytes]) -> None:
     """Kill the namespace's PID 1 (bwrap's init, or the command itself with --as-pid-1) and wait for the outer
     bwrap, which exits only once it has reaped that process; the kernel kills every process of a PID
     namespace before its PID 1 is reaped, so then nothing of the run is left. (Killing the outer bwrap too
-    would return at once, while the namespace may still be dying.)"""
+    would return at once, while the namespace may still be dying.) Once the outer bwrap is reaped there is
+    nothing left to kill, and its pid may be another process's: a second call (a quota stop and a timeout,
+    say) does nothing."""
+    if proc.poll() is not None:
+        return
     inits = children(proc.pid)
     send(inits, signal.SIGKILL)
     if inits:
@@ -340,19 +351,38 @@ class BwrapSandbox(Sandbox):
         # the kernel kills the rest, and the outer bwrap reaps it (an exiting init would be left to the host).
         self._run_args = [*self._args[:-1], "--as-pid-1", "--"]
         self._env = sandbox_env(INNER_WORKDIR, env)
+        self._running: set[subprocess.Popen[bytes]] = set()  # one-off commands in flight
         if keep_warm:
             self._start_warm()
 
     def _run(self, cmd: Command, timeout: float, stdin: bytes | None, env: dict[str, str]) -> ExecResult:
+        started: list[subprocess.Popen[bytes]] = []
+
+        def track(proc: subprocess.Popen[bytes]) -> None:
+            started.append(proc)
+            self._running.add(proc)
+
         # No new session (it would cost a scheduler autogroup per command): see the /dev note in system_args.
-        return run_to_completion([*self._run_args, *self._shell_argv(cmd)], env={**self._env, **env},
-                                 cwd=None, stdin=stdin, timeout=timeout, cap=self.limits.max_output_bytes,
-                                 kill=kill_bwrap, new_session=False, pipe_owner=self._workspace.uid)
+        try:
+            return run_to_completion([*self._run_args, *self._shell_argv(cmd)], env={**self._env, **env},
+                                     cwd=None, stdin=stdin, timeout=timeout, cap=self.limits.max_output_bytes,
+                                     kill=kill_bwrap, new_session=False, pipe_owner=self._workspace.uid,
+                                     on_start=track)
+        finally:
+            self._running.difference_update(started)
 
     def _kill_all(self) -> bool:
         """Nothing to do: every command ran as the first process of its own PID namespace, and sessions end
         by killing their namespace's init and waiting for it, so then no process of this sandbox is left."""
         return False
+
+    def _kill_commands(self) -> None:
+        for proc in list(self._running):
+            kill_bwrap(proc)
+
+    def _may_have_processes(self) -> bool:
+        """Between commands only a session's namespace holds processes (a one-off command's dies with it)."""
+        return any(session._has_background() for session in list(self._res.sessions))
 
     def reset(self) -> None:
         """Also replace the spare shell: one warmed up after `kill_processes` started in the workspace as the

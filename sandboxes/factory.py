@@ -153,8 +153,9 @@ def split_kwargs(backend: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], 
 def make(backend: str = "auto", *, limits: SandboxLimits | None = None, keep_warm: bool = False,
          **kwargs: Any) -> Sandbox:
     """A new sandbox. Keyword arguments are `SandboxLimits` fields (wall_timeout, cpu_time, memory_mb,
-    max_processes, max_output_bytes, max_file_size_mb, max_open_files, network, tmp_size_mb) or backend
-    options (bwrap: ro_binds, env; docker: image, base_image, cpus, env, client; local: env).
+    max_processes, max_output_bytes, max_file_size_mb, max_open_files, network, tmp_size_mb,
+    workspace_size_mb) or backend options (bwrap: ro_binds, env; docker: image, base_image, cpus, env, client;
+    local: env).
     `keep_warm=True` keeps a shell started so `session()` is instant (pools use it)."""
     name = resolve_backend(backend)
     overrides, options = split_kwargs(name, kwargs)

@@ -22,10 +22,12 @@ Proc = subprocess.Popen[bytes]
 def run_to_completion(argv: list[str], *, env: dict[str, str], cwd: str | None, stdin: bytes | None,
                       timeout: float, cap: int, kill: Callable[[Proc], None],
                       on_exit: Callable[[Proc], None] | None = None, new_session: bool = True,
-                      pipe_owner: int | None = None) -> ExecResult:
+                      pipe_owner: int | None = None,
+                      on_start: Callable[[Proc], None] | None = None) -> ExecResult:
     """Run `argv` (in a new session, whose process group `kill` can use). `kill` must end everything it
     started; `on_exit` runs when the main process exits (the local backend kills its process group there,
-    so background jobs release the pipes). The stdio pipes belong to `pipe_owner`."""
+    so background jobs release the pipes), `on_start` once it has started (bwrap keeps it, to kill it at a
+    workspace quota stop). The stdio pipes belong to `pipe_owner`."""
     started = time.monotonic()
     out_read, out_write = owned_pipe(pipe_owner)
     err_read, err_write = owned_pipe(pipe_owner)
@@ -39,6 +41,8 @@ def run_to_completion(argv: list[str], *, env: dict[str, str], cwd: str | None, 
         raise
     finally:
         close_fds(out_write, err_write, in_read)  # the child's ends
+    if on_start is not None:
+        on_start(proc)
     out, err = StreamCapture(cap), StreamCapture(cap)
     pump = FdPump()
     pump.add(out_read, out.on_read)

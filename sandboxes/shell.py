@@ -27,6 +27,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from rl_llm.sandboxes.base import (
+    NOTE,
     TIMEOUT_EXIT_CODE,
     Command,
     ExecResult,
@@ -55,7 +56,6 @@ DRIVER_ARGV = ["/bin/bash", "--noprofile", "--norc", "--noediting", "-i"]
 STARTUP_TIMEOUT_S = 20.0
 INTERRUPT_GRACE_S = 0.15  # after SIGINT, before SIGKILL of the command's processes
 KILL_GRACE_S = 0.25  # after SIGKILL, before giving up on the shell and starting a new one
-_NOTE = "[rl-llm sandbox] "
 
 
 def driver_setup(limits: SandboxLimits, workdir: str, status_fd: int | None) -> bytes:
@@ -104,6 +104,11 @@ class ShellProcess(abc.ABC):
     @abc.abstractmethod
     def exit_code(self, wait: float = 0.0) -> int | None:
         """The shell's exit status once it has ended, else None."""
+
+    def has_background(self) -> bool:
+        """Whether processes besides the shell run (a background job, a detached daemon), for the workspace
+        quota's watcher; True where a backend cannot tell cheaply."""
+        return True
 
 
 class PopenShell(ShellProcess):
@@ -194,6 +199,10 @@ class ShellSession:
         text = command_text(cmd)
         limit = self._sandbox._timeout(timeout)
         data = None if stdin is None else as_bytes(stdin, "stdin")
+        # The quota check runs after the lock is released: a quota stop restarts this session too.
+        return self._sandbox._quota.guard(lambda: self._run_locked(text, limit, data))
+
+    def _run_locked(self, text: str, limit: float, data: bytes | None) -> ExecResult:
         with self._lock:
             self._check_open()
             self._ensure_shell()
@@ -207,7 +216,7 @@ class ShellSession:
             except BaseException:  # e.g. KeyboardInterrupt while waiting: the command must not run on
                 self._detach()
                 self.restarts += 1
-                self._notes.append(f"\n{_NOTE}the previous command was abandoned, so the shell was restarted; "
+                self._notes.append(f"\n{NOTE}the previous command was abandoned, so the shell was restarted; "
                                    "its working directory and variables were reset\n")
                 raise
             finally:
@@ -232,6 +241,32 @@ class ShellSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _restart(self, reason: str) -> None:
+        """End the shell and all it started, keeping the session open (a workspace quota stop): a command in
+        flight returns at once, saying the shell exited; the next command starts a fresh shell."""
+        killed: ShellProcess | None = None
+        wait = 0.0
+        # A command in flight notices its shell die, notes it and detaches; if it was just starting a shell,
+        # that one is killed on the next round.
+        while not self._lock.acquire(timeout=wait):
+            wait = 0.1
+            shell = self._box.shell
+            if shell is not None and shell is not killed:
+                shell.terminate()
+                killed = shell
+        try:
+            if self._box.shell is not None and self._closed_reason is None:
+                self._detach()
+                self.restarts += 1
+                self._notes.append(f"\n{NOTE}{reason}, so the shell was restarted; its working directory and "
+                                   "variables were reset\n")
+        finally:
+            self._lock.release()
+
+    def _has_background(self) -> bool:
+        shell = self._box.shell
+        return shell is not None and shell.has_background()
 
     def _end(self, reason: str) -> None:
         if self._closed_reason is None:
@@ -353,7 +388,7 @@ class ShellSession:
         shell.interrupt(hard=True)
         if self._sync(time.monotonic() + KILL_GRACE_S) is not None:
             return TIMEOUT_EXIT_CODE
-        self._notes.append(f"\n{_NOTE}the command could not be interrupted, so the shell was restarted; "
+        self._notes.append(f"\n{NOTE}the command could not be interrupted, so the shell was restarted; "
                            "its working directory and variables were reset\n")
         self._detach()
         self.restarts += 1
@@ -371,7 +406,7 @@ class ShellSession:
         if self._pump is not None:  # collect what it printed before dying
             self._pump.run(lambda: False, time.monotonic() + 0.2)
         code = shell.exit_code(2.0) if shell is not None else None
-        self._notes.append(f"\n{_NOTE}the shell exited (status {code}); the next command starts a fresh "
+        self._notes.append(f"\n{NOTE}the shell exited (status {code}); the next command starts a fresh "
                            "shell\n")
         self._detach()
         self.restarts += 1

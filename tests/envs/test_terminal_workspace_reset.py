@@ -90,3 +90,25 @@ def test_reset_removes_immutable_and_append_only_files() -> None:
             locked = sandbox.workdir / "locked"
             if locked.exists():
                 subprocess.run(["chattr", "-R", "-i", "-a", str(locked)], capture_output=True)
+
+
+def test_an_agent_filling_its_workspace_is_stopped_can_go_on_and_leaves_a_clean_next_episode() -> None:
+    """The workspace quota: a command and a background job that write past it are stopped, and the observation
+    says why; the agent deletes files and solves the task; the next episode starts clean."""
+    env = TerminalEnv(sandbox="bwrap", sandbox_kwargs={"workspace_size_mb": 8})
+    writer = "for i in $(seq 1 50); do head -c 4M /dev/zero > {name}$i; sleep 0.05; done"
+    try:
+        env.reset(options={"task": ANSWER_TASK})
+        observation = env.step(f"<command>{writer.format(name='f')}</command>")[0]
+        assert observation.startswith("Command failed.") and observation.endswith("(exit_code=153)")
+        assert "the workspace passed its size quota" in observation
+        background = "rm f*; nohup sh -c '" + writer.format(name="bg") + "' >/dev/null 2>&1 &"
+        assert env.step(f"<command>{background}</command>")[0].startswith("Command executed successfully.")
+        time.sleep(1.5)  # the agent thinks; the job writes until the quota stops it
+        observation = env.step("<command>rm -f bg*; echo 42 > answer.txt</command>")[0]
+        assert "while no command was running" in observation and observation.endswith("(exit_code=0)")
+        _, reward, terminated, *_ = env.step("<action>done</action>")
+        assert terminated and reward == 1.0
+        assert_next_episode_is_clean(env)
+    finally:
+        env.close()
