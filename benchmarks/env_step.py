@@ -13,7 +13,7 @@ Target: rl-llm at least 5x faster.
 ``step`` and ``reset`` calls are timed (resets amortised over their episode's steps); choosing the action is
 not, for every contender.
 
-    python benchmarks/env_step.py [--steps 30000] [--rounds 5]
+    python benchmarks/env_step.py [--steps 30000] [--rounds 5] [--only TextToSQL]
 """
 
 from __future__ import annotations
@@ -234,6 +234,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30000, help="steps per contender (split over rounds)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", default="", help="time only the environments whose id contains this text")
     args = parser.parse_args()
 
     bare = {"rl-llm/MultiArmedBandit-v0": BareBandit(), "rl-llm/ContextualBandit-v0": BareContextualBandit(),
@@ -241,7 +242,7 @@ def main() -> None:
     print("us per step: 'step' times env.step alone, '+reset' adds the resets amortised over each episode.")
     print(f"{'environment':30s} {'step':>7s} {'+reset':>7s} {'bare':>6s} {'+reset':>7s} {'ratio':>6s} {'+reset':>7s}")
     results: dict[str, tuple[float, float]] = {}
-    for env_id in env_ids():
+    for env_id in [env_id for env_id in env_ids() if args.only in env_id]:
         steps = args.steps if env_id in bare or "Bandit" in env_id else max(200, args.steps // 100)
         timers = {"env": rl_llm_env_timer(env_id)}
         if env_id in bare:

@@ -4,7 +4,13 @@ database file byte-identical afterwards."""
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gymnasium as gym
@@ -134,3 +140,148 @@ def test_random_sql_never_crashes_or_writes(chinook_copy: Path, words: list[str]
     assert result.ok or result.error
     assert sha256(chinook_copy) == before
     assert sorted(p.name for p in chinook_copy.parent.iterdir()) == ["chinook.sqlite"]
+
+
+# --- single slow built-in calls: the progress handler never runs inside one, the worker is killed ---------
+def _letters(letter: str, count: int) -> str:
+    return f"replace(hex(zeroblob({count // 2})), '0', '{letter}')"  # `count` copies of `letter`, computed
+
+
+# Each takes from tens of seconds to hours in-process on SQLite 3.40 (superlinear in the string lengths).
+SLOW_BUILTINS = {
+    "trim": f"SELECT length(trim({_letters('a', 160_000)} || 'c', {_letters('b', 80_000)} || 'a'))",
+    "instr": f"SELECT instr({_letters('a', 2_560_000)} || 'b', {_letters('a', 640_000)} || 'b')",
+    "like": f"SELECT {_letters('a', 480_000)} LIKE '%' || {_letters('a', 48_000)} || 'b%'",  # pattern limit 50k
+    "printf": "SELECT length(printf('%.*c', 2000000000, 'x'))",
+}
+SLOW_TIMEOUT_S = 0.5
+# The parent's hard deadline (timeout plus a 1 s grace) and generous slack for a loaded machine.
+SLOW_BOUND_S = SLOW_TIMEOUT_S + 1.0 + 4.0
+
+
+@pytest.mark.parametrize("name", sorted(SLOW_BUILTINS))
+def test_one_slow_builtin_call_is_stopped_by_the_hard_deadline(chinook_copy: Path, name: str) -> None:
+    before = sha256(chinook_copy)
+    with ReadOnlyDatabase(chinook_copy) as database:
+        start = time.monotonic()
+        result = database.execute(SLOW_BUILTINS[name], QueryLimits(timeout_s=SLOW_TIMEOUT_S))
+        assert time.monotonic() - start < SLOW_BOUND_S
+        assert result.timed_out and result.error == f"query timed out after {SLOW_TIMEOUT_S:g} s and was stopped"
+        assert result.rows == [] and result.columns == []
+        assert database.execute("SELECT COUNT(*) FROM Genre", QueryLimits()).rows == [(25,)]
+    assert sha256(chinook_copy) == before
+
+
+def test_a_slow_builtin_through_the_env_times_out_and_the_episode_goes_on() -> None:
+    env = gym.make("rl-llm/TextToSQL-v0", query_timeout_s=SLOW_TIMEOUT_S, max_turns=5).unwrapped
+    env.reset(seed=0)
+    start = time.monotonic()
+    observation, _, terminated, truncated, _ = env.step(f"<sql>{SLOW_BUILTINS['trim']}</sql>")
+    assert time.monotonic() - start < SLOW_BOUND_S
+    assert "timed out after 0.5 s" in observation and not (terminated or truncated)
+    observation, *_ = env.step("<sql>SELECT COUNT(*) FROM Genre</sql>")
+    assert "25" in observation and "Error" not in observation
+    env.close()
+
+
+def test_other_callers_are_answered_while_one_query_hangs(chinook_copy: Path) -> None:
+    """Env servers call one database from several threads: a hung query must not hold up the others."""
+    with ReadOnlyDatabase(chinook_copy) as database, ThreadPoolExecutor(2) as threads:
+        hung = threads.submit(database.execute, SLOW_BUILTINS["trim"], QueryLimits(timeout_s=SLOW_TIMEOUT_S))
+        quick = [threads.submit(database.execute, "SELECT COUNT(*) FROM Track", QueryLimits()) for _ in range(20)]
+        assert [future.result(timeout=SLOW_BOUND_S).rows for future in quick] == [[(3503,)]] * 20
+        assert not hung.done(), "the quick queries were answered while the slow one ran"
+        assert hung.result(timeout=SLOW_BOUND_S).timed_out
+
+
+# --- worker processes: started lazily, replaced when killed, gone when the database closes ----------------
+def worker_children(parent: int) -> list[int]:
+    """Live (not zombie) query-worker processes whose parent is ``parent``, read from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == parent and state != "Z" and b"query_worker.py" in command:
+            found.append(int(entry.name))
+    return found
+
+
+def all_exit(pids: list[int], seconds: float = 10.0) -> bool:
+    """Whether every process in ``pids`` is gone (or a zombie) within ``seconds``."""
+    end = time.monotonic() + seconds
+    while not all(map(gone, pids)) and time.monotonic() < end:
+        time.sleep(0.02)
+    return all(map(gone, pids))
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_killed_worker_is_replaced_transparently(chinook_copy: Path) -> None:
+    with ReadOnlyDatabase(chinook_copy) as database:
+        assert database.execute("SELECT COUNT(*) FROM Genre", QueryLimits()).rows == [(25,)]
+        workers = worker_children(os.getpid())
+        assert workers, "the query ran in a worker process"
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        assert all_exit(workers)
+        assert database.execute("SELECT COUNT(*) FROM Track", QueryLimits()).rows == [(3503,)]
+        assert set(worker_children(os.getpid())).isdisjoint(workers)
+
+
+CLOSE_SCRIPT = """
+import gymnasium as gym, os, sys, time
+import rl_llm
+sys.path.insert(0, {tests!r})
+from test_text_to_sql_security import worker_children
+env = gym.make("rl-llm/TextToSQL-v0").unwrapped
+env.reset(seed=0)
+assert "25" in env.step("<sql>SELECT COUNT(*) FROM Genre</sql>")[0]
+workers = worker_children(os.getpid())
+assert workers, "the query ran in a worker process"
+env.close()
+assert worker_children(os.getpid()) == [], worker_children(os.getpid())
+print("closed", *workers)
+"""
+
+
+def test_closing_the_env_leaves_no_worker_process() -> None:
+    # A fresh process, so that databases other tests left open do not keep the shared workers alive.
+    script = CLOSE_SCRIPT.format(tests=str(Path(__file__).parent))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("closed "), done.stderr
+    assert all_exit([int(pid) for pid in done.stdout.split()[1:]])
+
+
+HANG_SCRIPT = """
+import sys
+import rl_llm
+from rl_llm.envs.sql.database import QueryLimits, ReadOnlyDatabase
+database = ReadOnlyDatabase(sys.argv[1])
+database.execute("SELECT 1", QueryLimits())  # starts the worker that then runs the slow query
+print("started", flush=True)
+database.execute(sys.argv[2], QueryLimits(timeout_s=600))
+"""
+
+
+def test_a_worker_stuck_in_a_query_exits_when_its_parent_is_killed(chinook_copy: Path) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", HANG_SCRIPT, str(chinook_copy), SLOW_BUILTINS["trim"]],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert parent.stdout is not None and parent.stdout.readline() == "started\n"
+        workers = worker_children(parent.pid)
+        assert workers
+        time.sleep(0.2)  # the slow query has reached the worker
+    finally:
+        parent.kill()
+        parent.wait()
+    assert all_exit(workers)
+
