@@ -55,6 +55,8 @@ from rl_llm.console import ArgumentParser
 from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.envs.registration import env_ids
 from rl_llm.integrations.fast_routes import (
+    MAX_BODY_BYTES,
+    BodyLimit,
     FastRoute,
     FastRoutes,
     answer_validation_errors_safely,
@@ -143,6 +145,8 @@ class ServerConfig:
     inline_budget_s: float = 0.001
     # Reset and step answered ahead of FastAPI's routing, the same replies (docs/serving.md#fast-routes).
     fast_routes: bool = True
+    # Request bodies past this are answered 413 and never held whole (fast_routes.BodyLimit).
+    max_body_bytes: int = MAX_BODY_BYTES
 
 
 @dataclass
@@ -463,6 +467,7 @@ class EnvServer:
 
         if self.config.fast_routes:
             app.add_middleware(FastRoutes, routes=self._fast_routes())
+        app.add_middleware(BodyLimit, max_bytes=self.config.max_body_bytes)  # added last: the outermost
         answer_validation_errors_safely(app)
         return app
 
@@ -558,6 +563,7 @@ def main(argv: list[str] | None = None) -> None:
         step_timeout_s=args.step_timeout_s,
         session_ttl_s=args.session_ttl_s,
         max_workers=args.max_workers,
+        max_body_bytes=max_body_bytes(args),
     )
     run_web_server(EnvServer(config).app, args)
 
@@ -570,6 +576,8 @@ def add_web_server_flags(parser: argparse.ArgumentParser) -> None:
                         help="event loop (auto: uvloop where installed, as rl-llm[server] does; else asyncio's)")
     parser.add_argument("--http", choices=["auto", *WEB_STACK_MODULES["http"]], default="auto",
                         help="HTTP/1.1 parser (auto: httptools where installed, as rl-llm[server] does; else h11)")
+    parser.add_argument("--max-body-mb", type=float, default=MAX_BODY_BYTES / 2**20,
+                        help="largest HTTP request body read, in MiB; a larger one is answered 413 (default %(default)g)")
     parser.add_argument(
         "--ws-compression", action="store_true",
         help="negotiate permessage-deflate on WebSocket sessions (off: for small JSON messages on a LAN it costs "
@@ -582,6 +590,13 @@ WEB_STACK_MODULES: dict[str, dict[str, str | None]] = {
     "loop": {"asyncio": None, "uvloop": "uvloop"},
     "http": {"h11": "h11", "httptools": "httptools"},
 }
+
+
+def max_body_bytes(args: argparse.Namespace) -> int:
+    """``--max-body-mb`` in bytes; not a positive number stops here with one line."""
+    if not args.max_body_mb > 0 or args.max_body_mb == float("inf"):
+        raise SystemExit(f"error: --max-body-mb takes a positive number of MiB, got {args.max_body_mb:g}")
+    return max(1, int(args.max_body_mb * 2**20))
 
 
 def web_server_options(args: argparse.Namespace) -> dict[str, Any]:

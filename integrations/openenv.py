@@ -61,6 +61,8 @@ from pydantic_core import to_json
 from rl_llm.console import ArgumentParser
 from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.integrations.fast_routes import (
+    MAX_BODY_BYTES,
+    BodyLimit,
     FastRoute,
     FastRoutes,
     answer_validation_errors_safely,
@@ -386,7 +388,8 @@ def environment_factory(env_id: str, env_kwargs: dict[str, Any] | None = None,
 
 
 def create_openenv_app(env_id: str, env_kwargs: dict[str, Any] | None = None, max_sessions: int = 64,
-                       max_episodes: int = 256, episode_ttl_s: float = 600.0, fast_path: bool = True) -> Any:  # fmt: skip
+                       max_episodes: int = 256, episode_ttl_s: float = 600.0, fast_path: bool = True,
+                       max_body_bytes: int = MAX_BODY_BYTES) -> Any:  # fmt: skip
     """openenv-core's ``create_app`` serving ``env_id``; the env is built once here so a bad id or kwargs fail now.
     Well-formed plain-HTTP resets and steps are answered ahead of its routes, the same way (``plain_http_routes``;
     ``fast_path=False`` leaves every request to openenv-core's routes)."""
@@ -400,6 +403,7 @@ def create_openenv_app(env_id: str, env_kwargs: dict[str, Any] | None = None, ma
     app.add_middleware(OpenEnvSocket, action_cls=RLLMAction if fast_path else None)
     if fast_path:
         app.add_middleware(FastRoutes, routes=plain_http_routes(factory))
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # added last: the outermost (fast_routes.py)
     answer_validation_errors_safely(app)
     return app
 
@@ -445,7 +449,7 @@ def parse_kwargs(pairs: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from rl_llm.integrations.http_server import add_web_server_flags, run_web_server
+    from rl_llm.integrations.http_server import add_web_server_flags, max_body_bytes, run_web_server
 
     parser = ArgumentParser(description="Serve one rl-llm environment with OpenEnv's server.")
     parser.add_argument(
@@ -464,9 +468,8 @@ def main(argv: list[str] | None = None) -> None:
     add_web_server_flags(parser)
     args = parser.parse_args(argv)
     try:
-        app = create_openenv_app(
-            args.env, parse_kwargs(args.kwarg), args.max_sessions, args.max_episodes, args.episode_ttl_s
-        )
+        app = create_openenv_app(args.env, parse_kwargs(args.kwarg), args.max_sessions, args.max_episodes,
+                                 args.episode_ttl_s, max_body_bytes=max_body_bytes(args))  # fmt: skip
     except (ValueError, TypeError) as error:  # a bad id or option: one line, not a traceback
         raise SystemExit(f"error: cannot serve {args.env}: {error}") from None
     run_web_server(app, args)

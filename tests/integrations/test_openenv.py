@@ -559,3 +559,22 @@ def test_a_reset_of_an_episode_id_mid_step_closes_the_old_env_only_after_that_st
     assert second.step(RLLMAction(message="x"), episode_id="e").reward == 1.0  # the new episode plays on
     store.close()
     assert envs[1].closed
+
+
+def test_a_request_body_over_the_limit_is_refused_413() -> None:
+    """openenv-core's routes and the fast routes read a body whole (FastAPI's own limit is off by default):
+    one client posting gigabytes grew the server's memory. Past ``max_body_bytes`` now: 413, read no further."""
+    from tests.integrations.test_serving import raw_request
+
+    with BackgroundServer(create_openenv_app(TTT, max_sessions=2, max_body_bytes=4096)) as server:
+        chunk = b"x" * 1000
+        chunked = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(10)) + b"0\r\n\r\n"
+        for path in ("/step", "/reset"):
+            head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+            reply = raw_request(server.url, head + b"Transfer-Encoding: chunked\r\n\r\n", chunked)
+            assert reply.startswith(b"HTTP/1.1 413") and b"request body over 4096 bytes" in reply, reply[:200]
+            declared = raw_request(server.url, head + b"Content-Length: 1073741824\r\n\r\n", b"{")
+            assert declared.startswith(b"HTTP/1.1 413"), declared[:200]
+        assert httpx.post(server.url + "/reset", json={"seed": 1}, timeout=30).status_code == 200  # under it: as before
+    with pytest.raises(SystemExit, match="--max-body-mb takes a positive number of MiB"):
+        openenv_main(["--env", TTT, "--max-body-mb", "0"])

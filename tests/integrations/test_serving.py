@@ -432,3 +432,48 @@ def test_an_env_quoting_a_lone_surrogate_answers_strict_json_and_keeps_the_sessi
         assert first["error"]["status"] == 400 and "no task named \ufffd" in first["error"]["detail"]
         assert second["observation"].startswith("task \ufffd")
         assert http.post(f"/sessions/{sid}/reset", json={}).status_code == 200
+
+
+def raw_request(url: str, head: bytes, body: bytes = b"") -> bytes:
+    """Send ``head`` and ``body`` over a plain socket and read the reply until the server closes or 5 s pass."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as connection:
+        connection.sendall(head + body)
+        reply = b""
+        with contextlib.suppress(OSError):
+            while chunk := connection.recv(65536):
+                reply += chunk
+                if b"\r\n\r\n" in reply and b'"detail"' in reply:
+                    break
+    return reply
+
+
+def test_a_request_body_over_the_limit_is_refused_413_and_never_held_whole() -> None:
+    """The fast routes (and FastAPI, with its own limit off by default) read a body whole: one client posting
+    gigabytes grew the server's memory until it was killed, with every session on it. Now: a declared length
+    over the limit is refused unread, a chunked body as soon as it passes the limit, on the fast routes and on
+    FastAPI's alike; a body under the limit is served as before."""
+    with serve(max_body_bytes=4096) as served:
+        sid = served.client.create(BANDIT, horizon=3)[0]
+        step = f"POST /sessions/{sid}/step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+        declared = raw_request(served.url, step + b"Content-Length: 1073741824\r\n\r\n", b"{")  # 1 GiB, 1 byte sent
+        assert declared.startswith(b"HTTP/1.1 413") and b"request body over 4096 bytes" in declared
+        chunk = b"x" * 1000
+        chunked = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(10)) + b"0\r\n\r\n"
+        for path in (f"/sessions/{sid}/step", "/sessions"):  # a fast route, and one FastAPI answers
+            head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+            reply = raw_request(served.url, head + b"Transfer-Encoding: chunked\r\n\r\n", chunked)
+            assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+        served.client.reset(sid, seed=0)  # under the limit: served as before, the session untouched
+        observation, _, terminated, truncated, _ = served.client.step(sid, "<action>A</action>")
+        assert "Arm A gave reward" in observation and not terminated and not truncated
+
+
+def test_the_body_limit_flag_takes_positive_mib_only() -> None:
+    from rl_llm.integrations.http_server import main
+
+    for bad in ("0", "-1", "nan", "inf"):
+        with pytest.raises(SystemExit, match="--max-body-mb takes a positive number of MiB"):
+            main(["--max-body-mb", bad, "--port", "0"])
