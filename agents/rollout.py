@@ -40,7 +40,8 @@ the trajectory so far); a later run given ``EpisodeJob(resume=paused)`` continue
 weights: each turn keeps the policy version that produced it.
 
 A failed generation, agent or env call ends that episode with ``end_reason="error"`` and the reason in
-``trajectory.error``; every other episode goes on and every requested trajectory is returned. (An env that
+``trajectory.error`` (so does an env call whose result cannot be recorded, such as a NaN reward:
+``env_output.py``); every other episode goes on and every requested trajectory is returned. (An env that
 cannot be built at all, or an ``on_trajectory`` callback that raises, stops the whole run.)
 ``write_trajectories`` / ``read_trajectories`` store them as JSONL (one record per line, with
 ``schema_version``).
@@ -76,6 +77,7 @@ import gymnasium as gym
 
 from rl_llm.agents.aio import run_sync
 from rl_llm.agents.batching import BatchScheduler, BatchStats
+from rl_llm.agents.env_output import game_problem, reset_problem, step_problem
 from rl_llm.agents.http_client import ContextLengthExceeded
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy
 from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy, as_completion
@@ -360,6 +362,8 @@ class RolloutEngine:
                 observation, info = await self._in_env_thread(env.reset, seed=job.seed, options=job.options)
             except Exception as error:
                 return record.fail(f"env.reset failed: {type(error).__name__}: {error}"), False
+            if (problem := reset_problem(observation, info)) is not None:
+                return record.fail(f"env.reset returned {problem}"), False
             record.start(info, observation, job)
             seat = _Seat(record, tuple(info.get("stop", ())))
             if self.llm is None:
@@ -391,6 +395,8 @@ class RolloutEngine:
                 observation, reward, terminated, truncated, info = await self._in_env_thread(env.step, completion.text)
             except Exception as error:
                 return record.fail(f"env.step failed: {type(error).__name__}: {error}"), False
+            if (problem := step_problem(observation, reward, info)) is not None:
+                return record.fail(f"env.step returned {problem}"), False
             record.add_step(completion, observation, reward, info)
             if terminated or truncated:
                 record.trajectory.terminated, record.trajectory.truncated = bool(terminated), bool(truncated)
@@ -460,6 +466,8 @@ class RolloutEngine:
             observations, infos = await self._in_env_thread(env.reset, seed=job.seed, options=job.options)
         except Exception as error:
             return fail(f"env.reset failed: {type(error).__name__}: {error}", False)
+        if (problem := game_problem(names, observations, infos)) is not None:
+            return fail(f"env.reset returned {problem}", False)
         for name, seat, player in zip(names, seats, players, strict=True):
             info = dict(infos[name])
             seat.record.start(info, str(observations[name]), job)
@@ -503,6 +511,8 @@ class RolloutEngine:
                 observations, rewards, terminations, truncations, infos = await self._in_env_thread(env.step, actions)
             except Exception as error:
                 return fail(f"env.step failed: {type(error).__name__}: {error}", False)
+            if (problem := game_problem(names, observations, infos, rewards, terminations, truncations)) is not None:
+                return fail(f"env.step returned {problem}", False)
             for i, name in enumerate(names):
                 reward, info, observation = float(rewards.get(name, 0.0)), infos[name], str(observations[name])
                 record = records[i]

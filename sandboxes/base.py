@@ -47,6 +47,8 @@ QUOTA_EXIT_CODE = 153
 NOTE = "[rl-llm sandbox] "  # starts what the sandbox itself adds to a command's stderr
 # Largest `python3 -c` argument; longer snippets go through a file (Linux caps one argv string at 128 KiB).
 _MAX_ARGV_CODE = 100_000
+_MAX_LIMIT = 2**40  # of any limit; in MB, 2**40 * 1024 KB is still within the kernel's 64-bit rlimits
+MAX_TIMEOUT_S = 1_000_000.0  # about 11.5 days: past any command's budget, short of what clocks overflow on
 
 
 class SandboxError(RLLMError, RuntimeError):
@@ -98,8 +100,12 @@ class SandboxLimits:
             if field.name == "network":
                 if not isinstance(value, bool):
                     raise TypeError(f"SandboxLimits.network must be a bool, got {value!r}")
-            elif isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-                raise ValueError(f"SandboxLimits.{field.name} must be a finite positive number, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= _MAX_LIMIT:
+                # The bound: bash's ulimit takes kilobytes and refused 1e15 MB ("limit out of range"), which
+                # failed every command of the sandbox with exit code 125 instead of refusing the limit.
+                raise ValueError(f"SandboxLimits.{field.name} must be a positive number up to 2**40, got {value!r}")
+        if self.wall_timeout > MAX_TIMEOUT_S:
+            raise ValueError(f"SandboxLimits.wall_timeout must be at most {MAX_TIMEOUT_S:,.0f} s, got {self.wall_timeout!r}")
         if self.max_processes < 8:
             raise ValueError("SandboxLimits.max_processes must be at least 8 (the shell itself needs a few)")
         if self.max_open_files < 16:
@@ -176,6 +182,24 @@ def command_text(cmd: Command) -> str:
     return text
 
 
+def checked_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """Extra environment variables for one command, checked here: the kernel and `os` would refuse them later
+    with a bare TypeError, "embedded null byte" or "Argument list too long"."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise TypeError(f"env must be a mapping of str to str, got {type(env).__name__}")
+    for name, value in env.items():
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise ValueError(f"env: {name!r} is not a variable name (a non-empty str without '=' or NUL)")
+        if not isinstance(value, str) or "\0" in value:
+            raise ValueError(f"env[{name!r}] must be a str without NUL bytes, got {value!r}"[:200])
+        if len(name.encode()) + len(value.encode()) > _MAX_ARGV_CODE:
+            raise ValueError(f"env[{name!r}] is too long (over {_MAX_ARGV_CODE:,} bytes): hand big data in "
+                             "as stdin or a file")
+    return dict(env)
+
+
 def python_argv(script: str) -> list[str]:
     """`python3 -c` running the file `script` as if its text were given with -c (cwd first on sys.path)."""
     loader = "import sys; p = sys.argv.pop(); exec(compile(open(p).read(), '<string>', 'exec'))"
@@ -225,9 +249,18 @@ class Sandbox(abc.ABC):
             env: Mapping[str, str] | None = None) -> ExecResult:
         """Run `cmd` (a bash command line, or an argv list run without a shell) in a fresh process tree."""
         self._check_open()
-        command_text(cmd)  # validates the type and refuses NUL bytes
+        text = command_text(cmd)  # validates the type and refuses NUL bytes
         limit, data = self._timeout(timeout), None if stdin is None else as_bytes(stdin, "stdin")
-        return self._quota.guard(lambda: self._run(cmd, limit, data, dict(env or {})))
+        variables = checked_env(env)
+        if len(text.encode()) <= _MAX_ARGV_CODE:
+            return self._quota.guard(lambda: self._run(cmd, limit, data, variables))
+        # Past the kernel's cap on one argv string, bash reads the command from a file (as sessions always do);
+        # an argv list goes as its quoted words, which bash splits back into the same words.
+        host, inner = self.put_io_file("cmd", text.encode())
+        try:
+            return self._quota.guard(lambda: self._run(f". {shlex.quote(inner)}", limit, data, variables))
+        finally:
+            host.unlink(missing_ok=True)
 
     def run_python(self, code: str, timeout: float | None = None, stdin: Stdin = None) -> ExecResult:
         """Run a Python snippet with the sandbox's `python3` in the workspace; big snippets go via a file."""
@@ -363,8 +396,10 @@ class Sandbox(abc.ABC):
 
     def _timeout(self, timeout: float | None) -> float:
         value = self.limits.wall_timeout if timeout is None else timeout
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        # At most MAX_TIMEOUT_S: infinity or 1e30 passed "> 0" and overflowed the clock deep inside the wait.
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_TIMEOUT_S:
+            raise ValueError(f"timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:,.0f}, "
+                             f"got {timeout!r}")
         return float(value)
 
     def _shell_argv(self, cmd: Command) -> list[str]:

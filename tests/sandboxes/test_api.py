@@ -136,6 +136,46 @@ def test_bad_arguments_get_clear_errors(sandbox):
         sandbox.run("cat", stdin=3)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("timeout", [float("inf"), 1e30, 2_000_000, float("nan"), True])
+def test_a_timeout_past_what_clocks_take_is_refused_up_front(sandbox, timeout):
+    """inf and 1e30 passed "> 0" and overflowed (OverflowError) inside the wait; refused before anything runs."""
+    with pytest.raises(ValueError, match=r"timeout must be a positive number of seconds, at most 1,000,000"):
+        sandbox.run("touch ran", timeout=timeout)
+    assert not (sandbox.workdir / "ran").exists()
+    with pytest.raises(ValueError, match="wall_timeout must be at most"):
+        SandboxLimits(wall_timeout=2e6)
+
+
+@pytest.mark.parametrize(("env", "error", "match"), [
+    ({"A": 1}, ValueError, r"env\['A'\] must be a str"),
+    ({"A=B": "1"}, ValueError, r"'A=B' is not a variable name"),
+    ({"": "1"}, ValueError, "is not a variable name"),
+    ({"A": "x\0y"}, ValueError, "without NUL"),
+    ({"A": "y" * 200_000}, ValueError, "too long"),
+    ([("A", "1")], TypeError, "env must be a mapping"),
+])  # fmt: skip
+def test_bad_extra_environment_gets_a_clear_error(sandbox, env, error, match):
+    """Before: a bare TypeError from os ("expected str, bytes or os.PathLike object, not int"), "embedded null
+    byte", or "Argument list too long" from exec."""
+    with pytest.raises(error, match=match):
+        sandbox.run("true", env=env)
+    assert sandbox.run("echo $A", env={"A": "fine"}).stdout == "fine\n"
+
+
+def test_a_command_past_the_kernels_argument_cap_runs_from_a_file(sandbox):
+    """Linux caps one argv string at 128 KiB: a 1 MB command line (or an argv list holding a 300 KB word) died
+    with OSError "Argument list too long"; now bash reads it from a hand-in file, as sessions do."""
+    result = sandbox.run("printf %s " + "x" * 1_000_000 + " | wc -c; echo $A; pwd", env={"A": "seen"})
+    assert result.ok, result.stderr
+    assert result.stdout.split() == ["1000000", "seen", sandbox.inner_workdir]
+    word = "it's \"quoted\" $HOME `x` " + "y" * 150_000  # past the file threshold, under the output cap
+    result = sandbox.run(["printf", "%s", word])
+    assert result.ok and result.stdout == word  # the same word back: quoted, nothing expanded
+    assert sandbox.run("exit 7" + " " * 200_000).exit_code == 7
+    timed = sandbox.run("sleep 5 #" + "z" * 200_000, timeout=0.5)
+    assert timed.timed_out and timed.exit_code == 124
+
+
 def test_limits_validation_and_make_errors():
     with pytest.raises(ValueError, match="memory_mb"):
         SandboxLimits(memory_mb=0)
@@ -148,6 +188,14 @@ def test_limits_validation_and_make_errors():
     with pytest.raises(TypeError, match=r"unknown argument.*not_an_option"):
         make("local", not_an_option=1)
     assert "ulimit -HS" in SandboxLimits().ulimit_command()
+
+
+@pytest.mark.parametrize("name", ["memory_mb", "max_file_size_mb", "cpu_time", "max_output_bytes"])
+def test_a_limit_too_large_for_ulimit_is_refused_not_failing_every_command(name):
+    """memory_mb=1e15 was taken, and every command then failed with exit code 125 ("ulimit: limit out of range")."""
+    with pytest.raises(ValueError, match=rf"SandboxLimits.{name} must be a positive number up to 2\*\*40"):
+        make("local", **{name: 10**15})
+    assert SandboxLimits(**{name: 2**40}).ulimit_command().startswith("ulimit -HS")
 
 
 def test_exec_result_helpers():
