@@ -13,11 +13,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
 
+from rl_llm.envs import arguments
 from rl_llm.envs.spaces import UnicodeText
 
 # Upper bound on one action or observation, in characters. Long enough for any real LLM turn; the
@@ -60,8 +62,8 @@ class TextEnv(gym.Env[str, str]):
     reset_options: ClassVar[frozenset[str] | None] = None
 
     def __init__(self, *, max_turns: int, render_mode: str | None = None) -> None:
-        if not max_turns >= 1:  # NaN too: no turn count reaches it, so the episode would never end
-            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        # NaN, inf and 2.5 too: no turn count reaches the first two (an episode that never ends)
+        max_turns = arguments.integer("max_turns", max_turns, minimum=1)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.max_turns = max_turns
@@ -142,14 +144,21 @@ class TextEnv(gym.Env[str, str]):
         index = options.get("task_index")
         if index is None:
             return int(self.np_random.integers(count))
-        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < count:
-            raise ValueError(f"options['task_index'] must be an int in [0, {count}), got {index!r}")
-        return index
+        return checked_task_index(index, count)
 
     @property
     def turn(self) -> int:
         """Turns taken in the current episode."""
         return self._turn
+
+
+def checked_task_index(index: Any, count: int) -> int:
+    """``options["task_index"]`` as an int in ``[0, count)``, else a ValueError naming the range. Any integer
+    passes, NumPy's included (an index drawn with ``np.random`` is an ``np.int64``); a bool or a float does
+    not, though ``True == 1`` and ``3.0 == 3``."""
+    if isinstance(index, bool) or not isinstance(index, Integral) or not 0 <= index < count:
+        raise ValueError(f"options['task_index'] must be an int in [0, {count}), got {index!r}")
+    return int(index)
 
 
 def print_text(text: str) -> None:

@@ -8,8 +8,25 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
+
+# Unicode category Nd, the decimal digits of every script (what ``re``'s ``\d`` matches in a str pattern).
+_DECIMAL_DIGIT = re.compile(r"\d")
+# The full-width forms of ASCII (U+FF01..U+FF5E, NFKC's mapping), so "１，２３４．５" reads as "1,234.5".
+_FULL_WIDTH = {code: code - 0xFEE0 for code in range(0xFF01, 0xFF5F)}
+
+
+def ascii_digits(text: str) -> str:
+    """``text`` with every decimal digit of any script (full-width ``４``, Arabic-Indic ``٤``) written as its
+    ASCII digit, and full-width punctuation and letters as ASCII, so answers compare by the number they write.
+
+    Deliberately not all of NFKC: superscripts (``²``), subscripts, fractions (``½``) and circled digits also
+    have a digit as NFKC form, but they stay as they are, so ``4²`` (16) never reads as ``42``."""
+    if text.isascii():
+        return text
+    return _DECIMAL_DIGIT.sub(lambda digit: str(unicodedata.decimal(digit[0])), text.translate(_FULL_WIDTH))
 
 
 def extract_tag(text: str, tag: str, *, last: bool = False) -> str | None:

@@ -9,13 +9,26 @@ import string
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from rl_llm.envs.parsing import ascii_digits
+
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
-_NUMBER = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
+# Punctuation between two digits, other than a thousands separator (a comma before exactly three digits).
+# Dropped like other punctuation it fused the digits: "4-5", "4.5" and "4:5" all read as "45".
+_BETWEEN_DIGITS = re.compile(rf"(?<=\d)(?!,\d{{3}}(?!\d))[{re.escape(string.punctuation)}](?=\d)")
+# Thousands separators only between groups of three digits: with every comma and space removed first,
+# "4,5" and "4 5" parsed as 45.
+_INTEGER_PART = r"(?:\d{1,3}(?:,\d{3})+|\d{1,3}(?:_\d{3})+|\d{1,3}(?: \d{3})+|\d+)"
+_NUMBER = re.compile(rf"[-+]?(?:{_INTEGER_PART}(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 
 
 def normalize_answer(text: str) -> str:
-    """Lower case, drop punctuation, drop the articles a/an/the, squeeze whitespace (SQuAD / Search-R1)."""
+    """Lower case, drop punctuation, drop the articles a/an/the, squeeze whitespace (SQuAD / Search-R1).
+
+    Digits of any script are read as ASCII digits (``４２`` is ``42``), and punctuation between two digits
+    separates them rather than vanishing (``4-5`` is ``4 5``, not ``45``), except a thousands separator
+    (``1,000`` is ``1000``)."""
+    text = _BETWEEN_DIGITS.sub(" ", ascii_digits(text))
     return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCTUATION)).split())
 
 
@@ -57,11 +70,12 @@ def f1_score(prediction: str, answers: Iterable[str]) -> float:
 
 
 def parse_number(text: str) -> float | None:
-    """A number written alone (thousands separators, a trailing period and spaces allowed), else None."""
-    cleaned = text.strip().rstrip(".").replace(",", "").replace("_", "").replace(" ", "")
-    if len(cleaned) > 64 or not _NUMBER.match(cleaned):
+    """A number written alone, else None: digits of any script, thousands separators (``,``, ``_`` or a
+    space between groups of three digits), surrounding spaces and a trailing period allowed."""
+    cleaned = ascii_digits(text.strip().rstrip(".").rstrip())
+    if len(cleaned) > 64 or not _NUMBER.fullmatch(cleaned):
         return None
-    value = float(cleaned)
+    value = float(cleaned.replace(",", "").replace(" ", ""))  # float() itself reads "_" between digits
     return value if math.isfinite(value) else None
 
 

@@ -63,7 +63,13 @@ def test_eval_prints_a_table_and_writes_one_jsonl_line_per_episode(tmp_path: Pat
     (("eval", "MultiArmedBandit", "--agent", "ucb", "--seed", "-1"), "--seed: must be at least 0, got -1"),
     (("bench", "MultiArmedBandit", "--seed", "-1"), "--seed: must be at least 0, got -1"),
     (("eval", "MultiArmedBandit", "--agent", "ucb", "-k", "num_arms=["), "'[' is no YAML value"),  # a traceback before
-    (("eval", "MultiArmedBandit", "--agent", "ucb", "-k", "horizon=.nan"), "horizon must be at least 1, got nan"),  # hung
+    # a key given twice: the last won silently before (as `rl-llm train`'s overrides, below)
+    (("eval", "MultiArmedBandit", "--agent", "ucb", "-k", "num_arms=3", "-k", "num_arms=5"),
+     "error: -k num_arms is given twice; give each key once"),
+    (("play", "MultiArmedBandit", "-k", "means={a: 1, a: 2}"), "line 1, column 8: duplicate key 'a' (first on line 1)"),
+    (("train", "optim.lr=1", "optim.lr=2"),
+     "error: multiple values for 'optim.lr' ('optim.lr=1' and 'optim.lr=2'); give each key once"),
+    (("eval", "MultiArmedBandit", "--agent", "ucb", "-k", "horizon=.nan"), "horizon must be an integer, got nan"),  # hung
     # a model path that is not there: transformers' "Repo id must use alphanumeric chars" traceback before
     (("eval", "MultiArmedBandit", "--agent", "hf:/no/such/model"), "no model directory /no/such/model"),
 ])

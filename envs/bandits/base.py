@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from rl_llm.envs import arguments
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.parsing import extract_tag
 
@@ -65,16 +66,13 @@ class BanditEnv(TextEnv):
         invalid_action_penalty: float,
         render_mode: str | None,
     ) -> None:
-        if not 2 <= num_arms <= len(ARM_LABELS):
-            raise ValueError(f"num_arms must be in 2..{len(ARM_LABELS)}, got {num_arms}")
-        if not horizon >= 1:  # NaN too (-k horizon=.nan): an episode that never ends
-            raise ValueError(f"horizon must be at least 1, got {horizon}")
+        num_arms = arguments.integer("num_arms", num_arms, minimum=2, maximum=len(ARM_LABELS))
+        horizon = arguments.integer("horizon", horizon, minimum=1)  # NaN, 2.5 and True too (docs of arguments)
         if history not in HISTORY_MODES:
             raise ValueError(f"history must be one of {HISTORY_MODES}, got {history!r}")
         if reward_mode not in REWARD_MODES:
             raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {reward_mode!r}")
-        if invalid_action_penalty < 0:
-            raise ValueError("invalid_action_penalty is a magnitude and must be >= 0")
+        invalid_action_penalty = arguments.real("invalid_action_penalty", invalid_action_penalty, minimum=0.0)
         # Every turn is one pull (an invalid turn pulls a random arm), so the horizon is the turn limit.
         super().__init__(max_turns=horizon, render_mode=render_mode)
         self.num_arms = num_arms

@@ -6,7 +6,10 @@ from typing import Any
 
 import numpy as np
 
+from rl_llm.envs import arguments
 from rl_llm.envs.bandits.base import BanditEnv
+
+MAX_HORIZON = 100_000  # contexts and noise for the whole episode are drawn at reset
 
 
 def format_vector(vector: np.ndarray) -> str:
@@ -64,7 +67,8 @@ class ContextualBanditEnv(BanditEnv):
     Terminated after ``horizon`` turns.
 
     ## Arguments
-    - ``num_arms`` (4), ``context_dim`` (3), ``horizon`` (50), ``noise`` (0.1, reward noise std),
+    - ``num_arms`` (4), ``context_dim`` (3, at most 16), ``horizon`` (50, at most 100,000: the episode's contexts
+      are drawn at reset), ``noise`` (0.1, reward noise std),
       ``history`` ("full"), ``reward_mode`` ("raw"), ``invalid_action_penalty`` (1.0), ``linucb_alpha`` (1.0).
 
     ## Version History
@@ -95,13 +99,12 @@ class ContextualBanditEnv(BanditEnv):
             invalid_action_penalty=invalid_action_penalty,
             render_mode=render_mode,
         )
-        if not 1 <= context_dim <= 16:
-            raise ValueError(f"context_dim must be in 1..16, got {context_dim}")
-        if noise < 0:
-            raise ValueError(f"noise must be >= 0, got {noise}")
-        self.context_dim = context_dim
-        self.noise = float(noise)
-        self.linucb_alpha = linucb_alpha
+        self.context_dim = arguments.integer("context_dim", context_dim, minimum=1, maximum=16)
+        # The episode's contexts and noise are drawn at reset (see _draw_instance): a horizon of 10**9 would
+        # ask for tens of gigabytes there, so it is bounded here, far past any LLM episode.
+        arguments.integer("horizon", horizon, minimum=1, maximum=MAX_HORIZON)
+        self.noise = arguments.real("noise", noise, minimum=0.0)
+        self.linucb_alpha = arguments.real("linucb_alpha", linucb_alpha, minimum=0.0)
 
     def _draw_instance(self, options: dict[str, Any]) -> str:
         self.theta = self.np_random.normal(0.0, 1.0, (self.num_arms, self.context_dim))

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from rl_llm.envs import arguments
 from rl_llm.envs.bandits.base import BanditEnv, ucb1_choice
 
 DISTRIBUTIONS = ("bernoulli", "gaussian")
@@ -81,18 +82,21 @@ class MultiArmedBanditEnv(BanditEnv):
         )
         if distribution not in DISTRIBUTIONS:
             raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
-        if gap is not None and (distribution != "bernoulli" or not 0 < gap <= 1):
-            raise ValueError("gap needs distribution='bernoulli' and 0 < gap <= 1")
-        if sigma <= 0:
-            raise ValueError(f"sigma must be positive, got {sigma}")
+        if gap is not None:
+            gap = arguments.real("gap", gap, positive=True, maximum=1.0)
+            if distribution != "bernoulli":
+                raise ValueError("gap needs distribution='bernoulli'")
         self.distribution = distribution
         self.gap = gap
-        self.sigma = float(sigma)
+        self.sigma = arguments.real("sigma", sigma, positive=True)
         self.fixed_means = None if means is None else self._check_means(means)
-        self.ucb_c = ucb_c
+        self.ucb_c = arguments.real("ucb_c", ucb_c, minimum=0.0)
 
     def _check_means(self, means: Any) -> np.ndarray:
-        array = np.asarray(means, dtype=np.float64)
+        try:
+            array = np.asarray(means, dtype=np.float64)
+        except (TypeError, ValueError):  # strings, nested lists of uneven length, dicts
+            raise ValueError(f"means must be a list of {self.num_arms} numbers, got {means!r}"[:300]) from None
         if array.shape != (self.num_arms,):
             raise ValueError(f"means must have {self.num_arms} entries, got shape {array.shape}")
         if not np.isfinite(array).all():

@@ -5,7 +5,8 @@ the expression) and a policy could score by restating the question. The answer m
 to a single evaluated number (``final_value``): what follows the last ``=``, with LaTeX delimiters, ``\\text``
 wrappers, units and thousands separators allowed, and no operator, function or second number. Then
 ``math-verify`` decides equality of that number (``-4.0``, ``$-4$``, ``x = -4``, ``-4 \\text{ legs}`` are
-all right for ``-4``).
+all right for ``-4``). Digits of any script count as their ASCII digits (``４２``, ``٤٢`` are 42); other
+numerals (``4²``, ``½``) make the answer an expression.
 
 Every step is linear in the text, and ``math-verify`` only ever sees a short string (``MAX_ANSWER_CHARS``).
 """
@@ -14,8 +15,9 @@ from __future__ import annotations
 
 import re
 import threading
+import unicodedata
 
-from rl_llm.envs.parsing import extract_tag
+from rl_llm.envs.parsing import ascii_digits, extract_tag
 
 FORMATS = ("answer", "boxed")
 #: Longer answers are graded wrong without parsing: no final value needs more.
@@ -62,7 +64,8 @@ def final_value(answer: str) -> str | None:
     holds several numbers, or none."""
     if len(answer) > MAX_ANSWER_CHARS:
         return None
-    text = answer.translate(_MINUS_SIGNS).replace("{,}", ",")  # Unicode minus signs; LaTeX thousands separator
+    # Digits of any script as ASCII ("４２", "٤٢"); Unicode minus signs; LaTeX thousands separator.
+    text = ascii_digits(answer).translate(_MINUS_SIGNS).replace("{,}", ",")
     for delimiter in _DELIMITERS:
         text = text.replace(delimiter, " ")
     text = text.rsplit("=", 1)[-1]  # "x = 5", "5 - 3 - 6 = -4": the value is after the last "="
@@ -70,7 +73,7 @@ def final_value(answer: str) -> str | None:
         text = _WRAPPERS.sub(r" \1 ", text)
     for spacing in _SPACING:
         text = text.replace(spacing, " ")
-    if any(char in _EXPRESSION_CHARS for char in text):
+    if any(char in _EXPRESSION_CHARS or _other_numeral(char) for char in text):
         return None
     numbers = list(_NUMBER.finditer(text))
     if len(numbers) != 1:
@@ -78,6 +81,12 @@ def final_value(answer: str) -> str | None:
     (number,) = numbers
     sign = "-" if text[: number.start()].rstrip().endswith("-") else ""
     return sign + number[0].replace(",", "")
+
+
+def _other_numeral(char: str) -> bool:
+    """A numeral that is not a decimal digit (``²``, ``½``, ``Ⅳ``, ``万``): the answer is then an expression.
+    Skipped, ``4²`` was read as 4; folded by NFKC, it would read as 42."""
+    return not char.isascii() and unicodedata.numeric(char, None) is not None
 
 
 def _timeout() -> int | None:

@@ -86,7 +86,7 @@ def check_families(families: tuple[str, ...] | list[str], difficulty: int) -> tu
     unknown = [family for family in families if family not in FAMILIES]
     if not families or unknown:
         raise ValueError(f"families must be a non-empty subset of {sorted(FAMILIES)}, got {families!r}")
-    if difficulty not in DIFFICULTIES:
+    if isinstance(difficulty, bool) or difficulty not in DIFFICULTIES:
         raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
     return families
 

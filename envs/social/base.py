@@ -9,18 +9,20 @@ active agent has an action the phase resolves. Actions of inactive agents are ig
 
 Observations follow docs/design.md#the-environment-contract: each is the text of the agent's next user
 message (the rules and the first prompt on reset; then what happened since, ending with what to do now on the
-last line), and an empty string once the game is over. ``render()`` returns the whole transcript.
+last line), and an empty string once the game is over. ``render()`` returns the whole transcript (``"human"``
+mode prints each step as it happens instead, and ``render()`` returns None).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 from gymnasium.utils import seeding
 from pettingzoo import AECEnv, ParallelEnv
-from pettingzoo.utils.conversions import parallel_to_aec
+from pettingzoo.utils.conversions import parallel_to_aec_wrapper
+from pettingzoo.utils.wrappers import OrderEnforcingWrapper
 
 from rl_llm.envs.base import MAX_TEXT_LENGTH, print_text
 from rl_llm.envs.parsing import truncate_middle
@@ -128,9 +130,10 @@ class TwoPlayerTextGame:
         self._printed = len(self._transcript)
 
     def render(self) -> str | None:
-        """The game's transcript (rules, every action, what each player was told); printed in ``"human"`` mode."""
+        """The game's transcript (rules, every action, what each player was told); None in ``"human"`` mode,
+        where every step was already printed as it happened (as ``TextEnv.render``: this printed the whole
+        transcript again on each call)."""
         if self.render_mode == "human":
-            print_text(self.transcript)
             return None
         return self.transcript
 
@@ -214,25 +217,11 @@ class SocialEnv(TwoPlayerTextGame, ParallelEnv[str, str, str]):
 
     def step(self, actions: Mapping[str, str]) -> tuple[dict, dict, dict, dict, dict]:
         if not self.agents:
-            raise RuntimeError(f"{type(self).__name__}: the game has ended (or never started); call reset()")
-        # A mapping of agent names only: None or a list used to fail deep inside with "not iterable", and a
-        # misspelt name's action was dropped without a word (docs/writing-an-environment.md#two-player-games).
-        if not isinstance(actions, Mapping):
-            raise TypeError(f"{type(self).__name__}: actions must be a dict of agent name to str, got "
-                            f"{type(actions).__name__}")  # fmt: skip
-        unknown = [agent for agent in actions if agent not in AGENTS]
-        if unknown:
-            raise ValueError(f"{type(self).__name__}: no agent {', '.join(map(repr, unknown))}; the agents are "
-                             f"{', '.join(AGENTS)}")  # fmt: skip
+            raise RuntimeError(f"{self.metadata['name']}: the game has ended (or never started); call reset()")
         _, active = self._phase()
         waiting = [agent for agent in active if agent not in self._locked]
         # Every action is checked before any is played, so a rejected call changes nothing.
-        for agent in waiting:
-            if agent not in actions:
-                raise ValueError(f"{type(self).__name__}: no action for active agent {agent!r}")
-            if not isinstance(actions[agent], str):
-                kind = type(actions[agent]).__name__
-                raise TypeError(f"{type(self).__name__}: an action is one LLM turn as str, got {kind}")
+        check_parallel_actions(str(self.metadata["name"]), actions, waiting)
         invalid = dict.fromkeys(AGENTS, False)
         for agent in waiting:
             text = actions[agent]
@@ -317,6 +306,45 @@ class SocialEnv(TwoPlayerTextGame, ParallelEnv[str, str, str]):
                 self._transcript.append(f"[to {agent}]\n{observation}")
 
 
+def check_parallel_actions(game: str, actions: Any, active: Iterable[str]) -> None:
+    """Refuse a parallel step's ``actions`` unless it maps agent names to actions with a str for every agent
+    in ``active``. None or a list used to fail deep inside ("not iterable", "not subscriptable"), and a
+    misspelt name's action was dropped without a word (docs/writing-an-environment.md#two-player-games)."""
+    if not isinstance(actions, Mapping):
+        raise TypeError(f"{game}: actions must be a dict of agent name to str, got {type(actions).__name__}")
+    unknown = [agent for agent in actions if agent not in AGENTS]
+    if unknown:
+        raise ValueError(f"{game}: no agent {', '.join(map(repr, unknown))}; the agents are {', '.join(AGENTS)}")
+    for agent in active:
+        if agent not in actions:
+            raise ValueError(f"{game}: no action for active agent {agent!r}")
+        check_action(game, actions[agent])
+
+
+def check_action(game: str, action: Any) -> None:
+    """Refuse an action that is not one LLM turn (a str), with the same message in every game and API."""
+    if not isinstance(action, str):
+        raise TypeError(f"{game}: an action is one LLM turn as str, got {type(action).__name__}")
+
+
+class CheckedParallelToAEC(parallel_to_aec_wrapper):
+    """PettingZoo's ``parallel_to_aec`` converter, checking each AEC action as it comes. The converter stores
+    an action until the last agent of the cycle steps: a None or an int then failed at that other agent's
+    step, and stayed stored, so every later step failed too; a non-None action for a finished agent raised a
+    bare AssertionError."""
+
+    def step(self, action: Any) -> None:
+        agent = self.agent_selection
+        name = str(self.env.metadata["name"])
+        if self.terminations[agent] or self.truncations[agent]:
+            if action is not None:
+                raise ValueError(f"{name}: {agent!r} has finished; the only valid action is None, got "
+                                 f"{type(action).__name__}")  # fmt: skip
+        elif self.infos[agent].get("active"):  # an inactive agent's action is ignored, as in the parallel step
+            check_action(name, action)
+        super().step(action)
+
+
 def module_constructors(cls: type[SocialEnv]) -> tuple[Callable[..., SocialEnv], Callable[..., AECEnv]]:
     """PettingZoo's module convention for a parallel game: ``parallel_env(**kwargs)`` builds it and
     ``env(**kwargs)`` gives the AEC form through PettingZoo's ``parallel_to_aec`` converter."""
@@ -325,7 +353,7 @@ def module_constructors(cls: type[SocialEnv]) -> tuple[Callable[..., SocialEnv],
         return cls(**kwargs)
 
     def env(**kwargs: Any) -> AECEnv:
-        return parallel_to_aec(cls(**kwargs))
+        return OrderEnforcingWrapper(CheckedParallelToAEC(cls(**kwargs)))  # what parallel_to_aec builds
 
     parallel_env.__doc__ = f"{cls.metadata['name']} with PettingZoo's parallel API (see ``raw_env``)."
     env.__doc__ = f"{cls.metadata['name']} with PettingZoo's AEC API, converted from the parallel game."

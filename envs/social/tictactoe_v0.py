@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from pettingzoo import AECEnv, ParallelEnv
-from pettingzoo.utils.conversions import turn_based_aec_to_parallel
+from pettingzoo.utils.conversions import turn_based_aec_to_parallel_wrapper
 from pettingzoo.utils.wrappers import OrderEnforcingWrapper
 
 from rl_llm.envs.parsing import truncate_middle
@@ -14,6 +14,8 @@ from rl_llm.envs.social.base import (
     TRANSCRIPT_ACTION_CHARS,
     ObservationText,
     TwoPlayerTextGame,
+    check_action,
+    check_parallel_actions,
     other,
     plural,
 )
@@ -135,8 +137,7 @@ class raw_env(TwoPlayerTextGame, AECEnv[str, str, str]):  # lower-case: PettingZ
         if self.terminations[agent] or self.truncations[agent]:
             self._was_dead_step(action)
             return
-        if not isinstance(action, str):
-            raise TypeError(f"tictactoe_v0: an action is one LLM turn as str, got {type(action).__name__}")
+        check_action("tictactoe_v0", action)
         self._cumulative_rewards[agent] = 0.0
         self.rewards = dict.fromkeys(self.agents, 0.0)
         self._transcript.append(f"[{agent}]\n{truncate_middle(action, TRANSCRIPT_ACTION_CHARS)}")
@@ -215,7 +216,19 @@ def env(**kwargs: Any) -> AECEnv:
     return OrderEnforcingWrapper(raw_env(**kwargs))
 
 
+class CheckedTurnBasedParallel(turn_based_aec_to_parallel_wrapper):
+    """PettingZoo's ``turn_based_aec_to_parallel`` converter, checking ``actions`` as the other games' parallel
+    step does. It read ``actions[agent_selection]`` unchecked: None raised "not subscriptable", a missing agent
+    a KeyError, a misspelt name was ignored, and a step after the game returned four empty dicts."""
+
+    def step(self, actions: Any) -> tuple[dict, dict, dict, dict, dict]:
+        if not getattr(self, "agents", None):
+            raise RuntimeError("tictactoe_v0: the game has ended (or never started); call reset()")
+        check_parallel_actions("tictactoe_v0", actions, [self.aec_env.agent_selection])
+        return super().step(actions)
+
+
 def parallel_env(**kwargs: Any) -> ParallelEnv:
-    """A parallel view through PettingZoo's ``turn_based_aec_to_parallel``: every step only the agent whose
-    turn it is (``info["active"]``) is read."""
-    return turn_based_aec_to_parallel(env(**kwargs))
+    """A parallel view through PettingZoo's ``turn_based_aec_to_parallel`` (``CheckedTurnBasedParallel``):
+    every step only the agent whose turn it is (``info["active"]``) is read."""
+    return CheckedTurnBasedParallel(env(**kwargs))

@@ -14,6 +14,7 @@ grace of ``max(1 s, 0.25 * timeout_s)``) the worker is killed and the result is 
 
 from __future__ import annotations
 
+import re
 import time
 import weakref
 from pathlib import Path
@@ -30,6 +31,21 @@ from rl_llm.envs.sql.workers import POOL, WorkerGone
 
 __all__ = ["DENIED_FUNCTIONS", "READ_ONLY_PRAGMAS", "QueryLimits", "QueryRefused", "QueryResult",
            "ReadOnlyDatabase"]  # fmt: skip
+
+# How the guard words an authorizer refusal (sqlite_guard.py, GuardedConnection._describe), naming the check
+# that refused. For these statements that check is not the statement: VACUUM is refused at the ATTACH it runs
+# internally (it read "attach is not allowed"), ALTER TABLE names the database ("alter table main"), REINDEX
+# and ANALYZE the first index or table they reach. The guard runs in the worker and stays as it is; the
+# parent names the statement instead.
+_REFUSAL = "refused: the database is read-only and only queries run here ({} is not allowed)"
+_REFUSAL_HEAD = _REFUSAL.partition("{")[0]
+_STATEMENTS_NAMED_BY_KEYWORD = {"VACUUM": "VACUUM", "ALTER": "ALTER TABLE", "REINDEX": "REINDEX", "ANALYZE": "ANALYZE"}
+# The savepoint check names the operation ("savepoint BEGIN" is a SAVEPOINT statement).
+_SAVEPOINT_CHECKS = {"savepoint BEGIN": "SAVEPOINT", "savepoint RELEASE": "RELEASE SAVEPOINT",
+                     "savepoint ROLLBACK": "ROLLBACK TO SAVEPOINT"}  # fmt: skip
+# Whitespace and comments before a statement's first keyword.
+_LEADING = re.compile(r"(?:\s+|--[^\n]*|/\*.*?(?:\*/|\Z))*", re.DOTALL)
+_KEYWORD = re.compile(r"[A-Za-z]+")
 
 _CATALOG_SQL = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY rowid"
 
@@ -60,6 +76,7 @@ class ReadOnlyDatabase:
             if not self._release.alive:
                 raise QueryRefused("ProgrammingError: Cannot operate on a closed database.")
             result = self._run(sql, limits, start)
+            result.error = name_refused_statement(sql, result.error)
         except QueryRefused as exc:
             result.error = str(exc)
         result.seconds = result.seconds or time.monotonic() - start
@@ -92,3 +109,18 @@ class ReadOnlyDatabase:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def first_keyword(sql: str) -> str:
+    """The first word of a statement, upper case, after whitespace and comments ("" when there is none)."""
+    keyword = _KEYWORD.match(sql, _LEADING.match(sql).end())
+    return keyword[0].upper() if keyword else ""
+
+
+def name_refused_statement(sql: str, error: str | None) -> str | None:
+    """``error`` with the refused statement named where the guard names an inner check instead."""
+    if error is None or not error.startswith(_REFUSAL_HEAD):
+        return error
+    check = error[len(_REFUSAL_HEAD) :].removesuffix(" is not allowed)")
+    statement = _STATEMENTS_NAMED_BY_KEYWORD.get(first_keyword(sql)) or _SAVEPOINT_CHECKS.get(check)
+    return _REFUSAL.format(statement) if statement else error

@@ -59,10 +59,13 @@ class QueryLimits:
     max_bytes: int = 8 << 20
 
     def __post_init__(self) -> None:
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
-        if self.max_rows < 1 or self.max_bytes < 1:
-            raise ValueError(f"max_rows and max_bytes must be positive, got {self.max_rows}, {self.max_bytes}")
+        # Finite and bounded: infinity or 1e30 passed "> 0" and overflowed the deadline's clock in the first query.
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) \
+                or not 0 < self.timeout_s <= 1_000_000:
+            raise ValueError(f"timeout_s must be a positive number of seconds up to 1,000,000, got {self.timeout_s!r}")
+        for name, value in (("max_rows", self.max_rows), ("max_bytes", self.max_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 @dataclass

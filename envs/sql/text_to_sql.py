@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rl_llm.envs import arguments
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.parsing import first_of_tags
 from rl_llm.envs.sql.database import QueryLimits
@@ -102,7 +103,7 @@ class TextToSQLEnv(TextEnv):
     - ``query_timeout_s`` (5.0), ``gold_timeout_s`` (30.0), ``max_result_rows`` (10000), ``max_result_bytes``
       (8 MiB), ``display_rows`` (50), ``display_chars`` (9000), ``float_tolerance`` (1e-6).
     - ``cache_gold_results`` (True): gold results are computed once per task and process.
-    - ``generated_databases`` (12), ``generator_seed`` (0), ``generated_dir`` (None: ``sql-generated`` in
+    - ``generated_databases`` (12, at most 1,000), ``generator_seed`` (0), ``generated_dir`` (None: ``sql-generated`` in
       rl-llm's cache folder, ``$RL_LLM_CACHE`` or ``~/.cache/rl-llm``). A question asked on several
       databases of one domain is kept once (12 databases: 93 tasks).
     - Per episode: ``reset(options={"task_index": i})`` picks a task exactly; otherwise the seed picks one.
@@ -147,8 +148,22 @@ class TextToSQLEnv(TextEnv):
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if sample_rows < 0 or display_rows < 1 or display_chars < 100:
-            raise ValueError("sample_rows must be >= 0, display_rows >= 1 and display_chars >= 100")
+        sample_rows = arguments.integer("sample_rows", sample_rows, minimum=0)
+        display_rows = arguments.integer("display_rows", display_rows, minimum=1)
+        display_chars = arguments.integer("display_chars", display_chars, minimum=100)
+        query_timeout_s = arguments.seconds("query_timeout_s", query_timeout_s)
+        gold_timeout_s = arguments.seconds("gold_timeout_s", gold_timeout_s)
+        max_result_rows = arguments.integer("max_result_rows", max_result_rows, minimum=1)
+        max_result_bytes = arguments.integer("max_result_bytes", max_result_bytes, minimum=1)
+        float_tolerance = arguments.real("float_tolerance", float_tolerance, minimum=0.0)
+        cache_gold_results = arguments.flag("cache_gold_results", cache_gold_results)
+        if format_gate is not None:
+            format_gate = arguments.flag("format_gate", format_gate)
+        # Each generated database is a file built at construction: bounded so a typo cannot fill the disk.
+        generated_databases = arguments.integer("generated_databases", generated_databases, minimum=1, maximum=1000)
+        generator_seed = arguments.integer("generator_seed", generator_seed, minimum=0)
+        data_dir = arguments.optional_path("data_dir", data_dir)
+        generated_dir = arguments.optional_path("generated_dir", generated_dir)
         protocol = dict(DEFAULT_PROTOCOL)
         if isinstance(reward_weights, str):
             protocol.update(PRESET_PROTOCOLS.get(reward_weights, {}))

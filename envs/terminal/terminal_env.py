@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from numbers import Integral
 from pathlib import Path
 from typing import Any
 
-from rl_llm.envs.base import Outcome, Task, TextEnv
+from rl_llm.envs import arguments
+from rl_llm.envs.base import Outcome, Task, TextEnv, checked_task_index
 from rl_llm.envs.parsing import extract_tag, truncate_middle
 from rl_llm.envs.terminal import TerminalTask, generate_task, is_task_dir, load_task_dir, load_task_folder
 from rl_llm.envs.terminal.protocol import RUNNER_COMMAND, parse_verdict, runner_program
@@ -64,13 +64,6 @@ def parse_turn(text: str) -> tuple[str | None, bool] | None:
     if done and command is not None and not command.strip():
         command = None
     return command, done
-
-
-def _checked_index(index: Any, count: int) -> int:
-    """``index`` as an int in ``[0, count)``, else a ValueError naming the range (numpy integers pass)."""
-    if isinstance(index, bool) or not isinstance(index, Integral) or not 0 <= index < count:
-        raise ValueError(f"options['task_index'] must be an int in [0, {count}), got {index!r}")
-    return int(index)
 
 
 def format_output(output: str, exit_code: int, max_chars: int) -> str:
@@ -151,16 +144,12 @@ class TerminalEnv(TextEnv):
         render_mode: str | None = None,
     ) -> None:
         super().__init__(max_turns=max_turns, render_mode=render_mode)
-        for name, value in (("time_budget_s", time_budget_s), ("command_timeout_s", command_timeout_s),
-                            ("check_timeout_s", check_timeout_s), ("max_output_chars", max_output_chars)):
-            if not value > 0:
-                raise ValueError(f"{name} must be positive, got {value!r}")
+        self.time_budget_s = arguments.seconds("time_budget_s", time_budget_s)
+        self.command_timeout_s = arguments.seconds("command_timeout_s", command_timeout_s)
+        self.check_timeout_s = arguments.seconds("check_timeout_s", check_timeout_s)
+        self.max_output_chars = arguments.integer("max_output_chars", max_output_chars, minimum=1)
         self.task_family, self.difficulty = task_family, difficulty
         self.tasks: Sequence[TerminalTask] = self._task_set(tasks, task_family, difficulty)
-        self.time_budget_s = float(time_budget_s)
-        self.command_timeout_s = float(command_timeout_s)
-        self.max_output_chars = int(max_output_chars)
-        self.check_timeout_s = float(check_timeout_s)
         self._sandbox_spec = sandbox
         self._sandbox_kwargs = dict(sandbox_kwargs or {})
         self._sandbox: Any = None  # the sandbox of the current episode
@@ -251,13 +240,13 @@ class TerminalEnv(TextEnv):
             index = options.get("task_index")
             # task_index is the generator's seed here, held to the same range and type as below (a float, a
             # string, None or -1 used to reach int() or the generator unchecked).
-            seed = drawn if index is None else _checked_index(index, GENERATED_TASKS)
+            seed = drawn if index is None else checked_task_index(index, GENERATED_TASKS)
             family = options.get("task_family", self.task_family)
             return generate_task(seed, family, options.get("difficulty", self.difficulty))
         index = options.get("task_index")
         if index is None:
             index = int(self.np_random.integers(len(self.tasks)))
-        return self.tasks[_checked_index(index, len(self.tasks))]
+        return self.tasks[checked_task_index(index, len(self.tasks))]
 
     def _reset(self, options: dict[str, Any]) -> Task:
         task = self._pick_task(options)

@@ -28,7 +28,7 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
-from rl_llm.envs.base import reported_correct
+from rl_llm.envs.base import print_text, reported_correct
 from rl_llm.envs.parsing import extract_tag
 from rl_llm.envs.qa_scoring import normalize_answer, parse_number
 
@@ -42,11 +42,14 @@ def normalise_answer(answer: str) -> str:
     return format(number, ".15g") if number is not None else normalize_answer(answer)
 
 
-class _Attempts(gym.Wrapper[str, str, str, str]):
-    """Shared mechanics: attempt counting, re-resetting to the same task, answer bookkeeping."""
+class _Attempts(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorArgs):
+    """Shared mechanics: attempt counting, re-resetting to the same task, answer bookkeeping.
+
+    A subclass records its own arguments first (``RecordConstructorArgs``), so ``gym.make(env.spec)`` rebuilds
+    it; the first recording is the one kept."""
 
     def __init__(self, env: gym.Env, max_attempts: int, success_threshold: float, restate_task: bool) -> None:
-        super().__init__(env)
+        gym.Wrapper.__init__(self, env)
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
         self.max_attempts = max_attempts
@@ -116,6 +119,8 @@ class _Attempts(gym.Wrapper[str, str, str, str]):
         if self.restate_task:
             message = f"{message}\n\n{RESTART_NOTE}\n\n{first}"
         self._attempt_log += [finished, f"[user]\n{message}"]
+        if self.render_mode == "human":  # the inner env printed its own steps and reset, not this message
+            print_text(f"[user]\n{message}")
         return self._result(message, rewards, False, False, info)
 
     # -- helpers -------------------------------------------------------------------------------------------
@@ -155,6 +160,10 @@ class _Attempts(gym.Wrapper[str, str, str, str]):
         }
 
     def render(self) -> str | None:
+        """The transcript (``transcript``) as a string; None in ``"human"`` mode, where every step was already
+        printed (Gymnasium's render contract, as ``TextEnv.render``; this returned the text in both modes)."""
+        if self.render_mode == "human":
+            return None
         return self.transcript
 
     @property
@@ -217,6 +226,11 @@ class TryAgain(_Attempts):
         success_threshold: float = 0.0,
         restate_task: bool = True,
     ) -> None:
+        gym.utils.RecordConstructorArgs.__init__(
+            self, max_attempts=max_attempts, gamma=gamma, repetition_lambda=repetition_lambda,
+            format_penalty=format_penalty, feedback=feedback, success_threshold=success_threshold,
+            restate_task=restate_task,
+        )  # fmt: skip
         super().__init__(env, max_attempts, success_threshold, restate_task)
         if format_penalty < 0:
             raise ValueError(f"format_penalty must be >= 0, got {format_penalty}")
@@ -275,6 +289,11 @@ class MultiAttempt(_Attempts):
         success_threshold: float = 0.0,
         restate_task: bool = True,
     ) -> None:
+        gym.utils.RecordConstructorArgs.__init__(
+            self, max_attempts=max_attempts, attempts=attempts, discount=discount,
+            wrong_answer_reward=wrong_answer_reward, no_answer_reward=no_answer_reward,
+            success_threshold=success_threshold, restate_task=restate_task,
+        )  # fmt: skip
         super().__init__(env, max_attempts if attempts is None else attempts, success_threshold, restate_task)
         if attempts is not None and attempts < 1:
             raise ValueError(f"attempts must be at least 1, got {attempts}")

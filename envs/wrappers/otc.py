@@ -90,6 +90,12 @@ class OptimalCallsTracker:
         with self._lock:
             return tool_productivity([{"correct": self.correct, "tool_calls": self.calls}])
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> OptimalCallsTracker:
+        # A tracker is state shared on purpose (a GRPO group's rollouts pool into one), and Gymnasium deep-copies
+        # a wrapper's recorded arguments with its spec: a copy must name this same tracker, as a copied spec
+        # names the same callable (a copy of its lock raised, and the wrapped env's spec became None).
+        return self
+
     def state_dict(self) -> dict[str, int]:
         with self._lock:
             return dict(self._fewest)
@@ -102,7 +108,7 @@ class OptimalCallsTracker:
 SHARED_TRACKER = OptimalCallsTracker()
 
 
-class OptimalToolCalls(gym.Wrapper):
+class OptimalToolCalls(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Rescale an episode's return by tool-call efficiency (OTC-PPO or OTC-GRPO).
 
     Arguments: ``variant`` ("grpo" or "ppo"), ``alpha`` (1.0), ``c`` (1.0), ``tracker`` (default: the process-
@@ -111,15 +117,21 @@ class OptimalToolCalls(gym.Wrapper):
     ``metrics["correct"]``, see ``attempts.reported_correct``), else a positive return. Rewards before the last step pass through; the last step carries the difference, in
     the ``otc`` reward component, so the episode sums to ``alpha * r_tool * return``. The last step's metrics
     gain ``otc_r_tool`` and (GRPO, when known) ``otc_optimal_calls``.
+
+    Its arguments are recorded (``gymnasium.utils.RecordConstructorArgs``), so ``gym.make(env.spec)`` rebuilds
+    it; a ``tracker`` is kept by reference, as Gymnasium keeps a callable, so the rebuilt wrapper pools into the
+    same tracker (and, like a callable, it makes ``env.spec.to_json()`` fail).
     """
 
     def __init__(self, env: gym.Env, variant: str = "grpo", alpha: float = 1.0, c: float = 1.0,
                  tracker: OptimalCallsTracker | None = None, use_task_optimum: bool = True) -> None:  # fmt: skip
+        gym.utils.RecordConstructorArgs.__init__(self, variant=variant, alpha=alpha, c=c, tracker=tracker,
+                                                 use_task_optimum=use_task_optimum)  # fmt: skip
         if variant not in ("grpo", "ppo"):
             raise ValueError(f"OTC variant must be 'grpo' or 'ppo', got {variant!r}")
         if c <= 0:
             raise ValueError(f"OTC smoothing constant c must be positive, got {c}")
-        super().__init__(env)
+        gym.Wrapper.__init__(self, env)
         self.variant, self.alpha, self.c = variant, float(alpha), float(c)
         self.tracker = SHARED_TRACKER if tracker is None else tracker
         self.use_task_optimum = use_task_optimum

@@ -15,14 +15,18 @@ from typing import Any, ClassVar, SupportsFloat
 import gymnasium as gym
 
 
-class RecordTrajectories(gym.Wrapper[str, str, str, str]):
-    """Write each finished episode as one JSON line to ``path`` (appending; thread-safe per file)."""
+class RecordTrajectories(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorArgs):
+    """Write each finished episode as one JSON line to ``path`` (appending; thread-safe per file).
+
+    Its arguments are recorded (``gymnasium.utils.RecordConstructorArgs``), so ``gym.make(env.spec)`` rebuilds
+    it; the rebuilt wrapper appends to the same file."""
 
     # One lock per file across wrappers, so concurrent envs writing the same file never interleave lines.
     _locks: ClassVar[dict[Path, threading.Lock]] = {}
 
     def __init__(self, env: gym.Env, path: str | Path, *, extra: dict[str, Any] | None = None) -> None:
-        super().__init__(env)
+        gym.utils.RecordConstructorArgs.__init__(self, path=path, extra=extra)
+        gym.Wrapper.__init__(self, env)
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.extra = dict(extra or {})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import pytest
@@ -119,9 +120,8 @@ def test_arbitrary_text_for_all_agents_never_breaks_a_game(
     assert all(observation == "" for observation in observations.values())
     for agent in AGENTS:
         assert math.isclose(infos[agent]["metrics"]["return"], returns[agent], abs_tol=1e-9)
-    if game != "tictactoe_v0":
-        with pytest.raises(RuntimeError, match="call reset"):
-            env.step(chosen)
+    with pytest.raises(RuntimeError, match="call reset"):  # tictactoe_v0's returned four empty dicts
+        env.step(chosen)
     assert isinstance(env.unwrapped.transcript, str)
 
 
@@ -134,3 +134,89 @@ def test_arbitrary_text_in_the_native_aec_tictactoe(actions: list[str], seed: in
         assert isinstance(observation, str) and math.isfinite(reward)
         env.step(None if terminated or truncated else actions[turn % len(actions)])
     assert not env.agents, "the game must end: a random legal move is played after too many illegal ones"
+
+
+# -- bad input to the PettingZoo APIs: a clear error, and nothing played -------------------------------------
+BAD_PARALLEL_ACTIONS = [
+    (None, TypeError, "actions must be a dict of agent name to str, got NoneType"),
+    (["<A>", "<A>"], TypeError, "actions must be a dict of agent name to str, got list"),
+    ({"player_9": "x"}, ValueError, "no agent 'player_9'; the agents are player_0, player_1"),
+    ({}, ValueError, "no action for active agent 'player_0'"),
+    (dict.fromkeys(AGENTS), TypeError, "an action is one LLM turn as str, got NoneType"),
+    (dict.fromkeys(AGENTS, 7), TypeError, "an action is one LLM turn as str, got int"),
+]
+
+
+@ALL_GAMES
+@pytest.mark.parametrize(("actions", "error", "message"), BAD_PARALLEL_ACTIONS)
+def test_bad_parallel_actions_get_a_clear_error_and_change_nothing(
+    game: str, kwargs: dict, actions: object, error: type[Exception], message: str
+) -> None:
+    env = load(game).parallel_env(**kwargs)
+    with pytest.raises(RuntimeError, match=f"^{game}: the game has ended \\(or never started\\); call reset"):
+        env.step(dict.fromkeys(AGENTS, "x"))
+    env.reset(seed=3)
+    before = env.unwrapped.transcript
+    with pytest.raises(error, match=f"^{game}: {re.escape(message)}$"):
+        env.step(actions)
+    assert env.unwrapped.transcript == before and env.agents == list(AGENTS)
+    observations, *_ = env.step(dict.fromkeys(AGENTS, "no tags"))  # the game goes on
+    assert set(observations) == set(AGENTS)
+
+
+@ALL_GAMES
+@pytest.mark.parametrize(("action", "kind"), [(None, "NoneType"), (3, "int"), (b"<A>", "bytes")])
+def test_a_bad_aec_action_is_refused_at_its_own_step_and_the_game_goes_on(
+    game: str, kwargs: dict, action: object, kind: str
+) -> None:
+    # The converted AEC games stored the action until the last agent of the cycle stepped, which then raised
+    # (for the other agent), and so did every later step.
+    env = load(game).env(**kwargs)
+    env.reset(seed=3)
+    first = env.agent_selection
+    with pytest.raises(TypeError, match=f"^{game}: an action is one LLM turn as str, got {kind}$"):
+        env.step(action)
+    assert env.agent_selection == first
+    for _agent in env.agent_iter(max_iter=1000):  # every later step works, to the end of the game
+        _, _, terminated, truncated, _ = env.last()
+        env.step(None if terminated or truncated else "no tags")
+    assert not env.agents
+
+
+@pytest.mark.parametrize("game", sorted(set(GAMES) - {"tictactoe_v0"}))
+def test_an_inactive_agent_may_pass_none_in_aec(game: str) -> None:
+    env = load(game).env()
+    env.reset(seed=0)
+    for _agent in env.agent_iter(max_iter=1000):
+        _, _, terminated, truncated, info = env.last()
+        env.step("no tags" if info.get("active") and not (terminated or truncated) else None)
+    assert not env.agents
+
+
+@ALL_GAMES
+def test_a_finished_agent_steps_only_with_none(game: str, kwargs: dict) -> None:
+    env = load(game).env(**kwargs)
+    env.reset(seed=0)
+    for _agent in env.agent_iter(max_iter=400):
+        _, _, terminated, truncated, _ = env.last()
+        if terminated or truncated:
+            with pytest.raises(ValueError, match="only valid action is None"):  # was a bare AssertionError
+                env.step("<A>")
+            return
+        env.step("no tags")
+    pytest.fail("no agent finished")
+
+
+# -- render modes ---------------------------------------------------------------------------------------------
+@ALL_GAMES
+@pytest.mark.parametrize("api", ["parallel_env", "env"])
+def test_human_render_prints_as_the_game_goes_and_returns_none(
+    game: str, kwargs: dict, api: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = getattr(load(game), api)(**kwargs, render_mode="human")
+    env.reset(seed=0)
+    assert "[rules]" in capsys.readouterr().out
+    assert env.render() is None and capsys.readouterr().out == "", "already printed: not printed again"
+    ansi = getattr(load(game), api)(**kwargs, render_mode="ansi")
+    ansi.reset(seed=0)
+    assert ansi.render().startswith("[rules]") and capsys.readouterr().out == ""
