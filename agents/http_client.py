@@ -1,9 +1,11 @@
 """JSON POSTs to OpenAI-compatible servers with timeouts, retries and errors that say what went wrong.
 
-Retried: timeouts, connection failures, HTTP 408/409/429 and 5xx, and malformed bodies (not JSON, a body
-that does not decode, one over ``max_response_bytes``, or JSON without the fields the caller needs). Not
-retried: other 4xx (a bad request stays bad) and redirects (not followed: a POST would not survive one; the
-error names where it points).
+Retried: timeouts, connection failures, HTTP 408/409/429 and 5xx, and malformed bodies (not JSON, JSON
+nested too deeply, a body that does not decode, one over ``max_response_bytes``, or JSON without the fields
+the caller needs or with one of the wrong type, which the error names). Not retried: other 4xx (a bad
+request stays bad) and redirects (not followed: a POST would not survive one; the error names where it points).
+Every attempt sends the same body: a request with a ``seed`` draws the same way again (as far as the server
+repeats itself), one without draws a fresh sample (docs/vllm.md#seeded-draws).
 ``timeout_s`` bounds each attempt as a whole, so a server that trickles its body never holds a request longer.
 ``max_response_bytes`` bounds what a body may take in memory: it is read and decoded as it arrives, and refused
 once it passes the limit (or its Content-Length says it will), so an endless body or a gzip bomb is one error,
@@ -137,6 +139,8 @@ class RetryingJSONClient:
                             return parse(response.json())
                         except (ValueError, KeyError, TypeError, IndexError) as error:
                             failure = f"malformed response ({error}); body: {_snippet(response.text)}"
+                        except RecursionError:  # JSON nested past the parser's limit: raised out of here before
+                            failure = f"malformed response (JSON nested too deeply); body: {_snippet(response.text)}"
             if attempt < self.max_retries:
                 await asyncio.sleep(max(delay, self.backoff_s * 2**attempt))
         raise BackendError(f"POST {url} failed after {self.max_retries + 1} attempt(s): {failure}")

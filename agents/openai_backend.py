@@ -97,6 +97,8 @@ def parse_chat_completion(data: Any, stops: Sequence[str]) -> Completion:
     content = message["content"]
     require(content is None or isinstance(content, str), "choices[0].message.content is not a string")
     finish = choice.get("finish_reason")
+    # the API's finish_reason is a string or null: anything else was recorded as None, as if not given
+    require(finish is None or isinstance(finish, str), f"choices[0].finish_reason {finish!r} is not a string or null")
     # null content is no text at all (a refusal, tool calls, reasoning only): not an empty answer to play, except
     # when the token budget ran out first (finish_reason "length", which the turn records).
     require(content is not None or finish == "length", f"choices[0].message.content is null (finish_reason "
@@ -104,7 +106,7 @@ def parse_chat_completion(data: Any, stops: Sequence[str]) -> Completion:
     text = content or ""
     if finish == "stop":
         text = restore_stop(text, stops, choice.get("stop_reason"))
-    return Completion(text=text, finish_reason=finish if isinstance(finish, str) else None)
+    return Completion(text=text, finish_reason=finish)
 
 
 def restore_stop(text: str, stops: Sequence[str], stop_reason: Any = None) -> str:

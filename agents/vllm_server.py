@@ -25,6 +25,7 @@ import importlib.util
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -40,6 +41,7 @@ import httpx
 from rl_llm.agents.aio import run_sync
 from rl_llm.agents.http_client import (
     MAX_RESPONSE_BYTES,
+    MalformedResponse,
     ResponseTooLarge,
     RetryingJSONClient,
     check_base_url,
@@ -220,10 +222,17 @@ def _served_context_length(base_url: str, model: str, max_response_bytes: int) -
     return None
 
 
+_TOKEN_ID = re.compile(r"token_id:(-?[0-9]+)")
+
+
 def _token_id(token: Any) -> int:
-    require(isinstance(token, str) and token.startswith("token_id:"),
-            f"expected tokens as 'token_id:N' (return_tokens_as_token_ids), got {token!r}")  # fmt: skip
-    token_id = int(token.removeprefix("token_id:"))
+    """The id in vLLM's ``"token_id:N"``. Not held to the tokenizer's vocabulary: a model's embedding often has
+    more rows than its tokenizer has ids (Qwen2.5: 151,936 against 151,665), the model may sample one of those,
+    and the server's own detokenizer shows it as "" too; the trainer needs the id as sampled."""
+    match = _TOKEN_ID.fullmatch(token) if isinstance(token, str) else None
+    if match is None:
+        raise MalformedResponse(f"expected tokens as 'token_id:N' (return_tokens_as_token_ids), got {token!r}")
+    token_id = int(match[1])
     # the tokenizer's decode takes unsigned 32-bit ids (an OverflowError from inside it otherwise)
     require(0 <= token_id < 2**32, f"token id {token_id} is out of range")
     return token_id

@@ -76,14 +76,27 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# The whole numbers (count, seed) are strict: lax pydantic took true, "5" and 5.0 as numbers, a client's
+# mistake played as another request's seed. The WebSocket's messages use these models too (ws_sessions.py).
 class CreateRequest(_Body):
     env_id: str
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    count: int = Field(1, ge=1, le=1024)
+    count: int = Field(1, ge=1, le=1024, strict=True)
+
+
+class AttachRequest(_Body):
+    """The WebSocket's ``attach``: the id of a session opened elsewhere."""
+
+    session_id: str
+
+
+class CloseRequest(_Body):
+    """The WebSocket's ``close``: no fields (an unknown one is refused, as in every other message)."""
 
 
 class ResetRequest(_Body):
-    seed: int | None = Field(None, ge=0)  # Gymnasium's seeding refuses negative seeds: a 422 here, not a lost session
+    # Gymnasium's seeding refuses negative seeds: a 422 here, not a lost session
+    seed: int | None = Field(None, ge=0, strict=True)
     options: dict[str, Any] | None = None
 
 

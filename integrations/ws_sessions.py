@@ -11,8 +11,10 @@ Messages are JSON text frames; every request gets exactly one reply, in order:
 - ``{"op": "close"}`` -> ``{"session_id", "closed": true}``, then the server closes the connection
 
 A refused request answers ``{"error": {"status", "detail"}}`` with the HTTP endpoints' status codes, and the
-connection stays open. When the connection drops, a session it created is closed at once (one it attached
-to is left to its owner, or the reaper).
+connection stays open. Each message's fields are checked by the HTTP endpoints' own request models, so a field
+of the wrong type (or missing, or unknown) is a 422 whose one-line detail names it, as over HTTP; ``count``
+is refused (one session per connection). When the connection drops, a session it created is closed at once
+(one it attached to is left to its owner, or the reaper).
 """
 
 from __future__ import annotations
@@ -31,7 +33,13 @@ if TYPE_CHECKING:
 
 
 async def serve_session(server: EnvServer, socket: WebSocket) -> None:
-    from rl_llm.integrations.http_server import CreateRequest, ResetRequest, StepRequest
+    from rl_llm.integrations.http_server import (
+        AttachRequest,
+        CloseRequest,
+        CreateRequest,
+        ResetRequest,
+        StepRequest,
+    )
 
     await socket.accept()
     receive, send = socket.receive, socket.send  # the ASGI messages themselves: see _encode for why
@@ -59,17 +67,20 @@ async def serve_session(server: EnvServer, socket: WebSocket) -> None:
                 if op == "step" and session_id is not None:
                     reply: dict[str, Any] = await server.step(session_id, step or StepRequest(**message), batched=True)
                 elif op == "create":
-                    session_id = (await server.create(CreateRequest(**{**message, "count": 1})))[0]
+                    if "count" in message:  # not silently one session of the count asked for
+                        raise HTTPException(422, "count: a connection holds one session; open one per session")
+                    session_id = (await server.create(CreateRequest(**message)))[0]
                     owned = True
                     reply = {"session_id": session_id}
-                elif op == "attach":
-                    session_id = server.session(str(message.get("session_id"))).id
+                elif op == "attach":  # a missing or non-string id is a 422 naming it, not a 404 for "None"
+                    session_id = server.session(AttachRequest(**message).session_id).id
                     reply = {"session_id": session_id}
                 elif op in ("reset", "step", "close") and session_id is None:
                     raise HTTPException(409, "no session yet: send {'op': 'create', 'env_id': ...} first")
                 elif op == "reset":
                     reply = await server.reset(session_id, ResetRequest(**message), batched=True)
                 elif op == "close":
+                    CloseRequest(**message)  # an unknown field is a 422, as in the other messages
                     await server.close(session_id)
                     await send({"type": "websocket.send", "text": _encode({"session_id": session_id, "closed": True})})
                     session_id = None

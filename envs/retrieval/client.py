@@ -22,6 +22,17 @@ def passage_from_document(document: dict[str, Any]) -> Passage:
     return Passage(str(document.get("id", "")), title, text)
 
 
+def utf8_safe(query: str) -> str:
+    """``query`` as UTF-8 can carry it: a lone surrogate (an LLM's text may hold one; no UTF-8 encoder takes
+    it, so the request was never sent and the search failed with a codec error) as U+FFFD, the rule the
+    servers follow for what they write (docs/serving.md)."""
+    try:
+        query.encode()
+    except UnicodeEncodeError:
+        return query.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return query
+
+
 class RetrieverClient:
     """``search_batch`` over HTTP. Thread-safe (one pooled ``httpx.Client``); large batches are split into
     requests of ``max_batch`` queries."""
@@ -40,18 +51,22 @@ class RetrieverClient:
         queries = check_queries(queries, k)
         results: list[list[Hit]] = []
         for start in range(0, len(queries), self.max_batch):
-            chunk = queries[start : start + self.max_batch]
+            chunk = [utf8_safe(query) for query in queries[start : start + self.max_batch]]
             payload = self._post("/retrieve", {"queries": chunk, "topk": k, "return_scores": True})
             rows = payload.get("result") if isinstance(payload, dict) else None
-            if not isinstance(rows, list) or len(rows) != len(chunk):
+            if not isinstance(rows, list) or len(rows) != len(chunk) or not all(isinstance(r, list) for r in rows):
                 raise RetrievalError(f"retriever at {self.url} sent a malformed response (no 'result' list per query)")
             results += [[self._hit(item) for item in row] for row in rows]
         return results
 
-    @staticmethod
-    def _hit(item: Any) -> Hit:
+    def _hit(self, item: Any) -> Hit:
         if isinstance(item, dict) and isinstance(item.get("document"), dict):
-            return Hit(passage_from_document(item["document"]), float(item.get("score", 0.0)))
+            score = item.get("score", 0.0)
+            # a null or text score was a TypeError or ValueError out of float(), not an answer the env reports
+            if isinstance(score, bool) or not isinstance(score, (int, float)):
+                raise RetrievalError(f"retriever at {self.url} sent a malformed response (score {score!r} is not a "
+                                     f"number)")  # fmt: skip
+            return Hit(passage_from_document(item["document"]), float(score))
         if isinstance(item, dict):
             return Hit(passage_from_document(item), 0.0)
         raise RetrievalError(f"retriever returned a non-object document: {str(item)[:80]!r}")
@@ -75,6 +90,8 @@ class RetrieverClient:
             return response.json()
         except ValueError as exc:
             raise RetrievalError(f"retriever at {self.url} sent invalid JSON") from exc
+        except RecursionError:  # nested past the parser's limit: it raised out of the env's step
+            raise RetrievalError(f"retriever at {self.url} sent invalid JSON (nested too deeply)") from None
 
     def close(self) -> None:
         """Close its pooled HTTP connections; an env that made this client from a URL closes it on ``close()``."""

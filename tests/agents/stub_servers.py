@@ -135,6 +135,7 @@ def write_response(handler: BaseHTTPRequestHandler, status: int, body: bytes | d
 class RawStub(_Server):
     def __init__(self, reply: Callable[[BaseHTTPRequestHandler, str, str], None]) -> None:
         outer = self
+        self.bodies: list[bytes] = []  # each request's body, as sent
 
         class Handler(BaseHTTPRequestHandler):
             def handle_one_request(self) -> None:  # one request per connection: a reply may leave it in any state
@@ -142,10 +143,10 @@ class RawStub(_Server):
                 super().handle_one_request()
 
             def _reply(self) -> None:
-                if self.command == "POST":
-                    self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0))) if self.command == "POST" else b""
                 with outer.lock:
                     outer.requests.append((self.command, self.path))
+                    outer.bodies.append(body)
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout)
                     reply(self, self.command, self.path)
 

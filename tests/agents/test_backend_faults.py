@@ -121,6 +121,32 @@ def test_null_content_is_no_answer_to_play(serve: Callable[[Reply], RawStub]) ->
     assert (completion.text, completion.finish_reason) == ("", "length")
 
 
+@pytest.mark.parametrize("finish", [5, {}, [], True])
+def test_a_finish_reason_that_is_not_a_string_is_a_malformed_response(
+    serve: Callable[[Reply], RawStub], finish: Any
+) -> None:
+    server = serve(_chat_reply({"content": "hello"}, finish))  # was taken, with finish_reason None
+    with pytest.raises(BackendError, match=rf"/chat/completions failed after 2 attempt\(s\): malformed response "
+                                           rf"\(choices\[0\].finish_reason {re.escape(repr(finish))} is not a string"):
+        ask(chat(server))
+    assert len(server.requests) == 2  # retried, as other malformed bodies are
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    ({"choices": {"0": {}}}, r"no 'choices' list"),
+    ({"choices": [{"message": "hi"}]}, r"choices\[0\] has no 'message' object"),
+    ({"choices": [{"message": {"content": 5}, "finish_reason": "stop"}]}, r"choices\[0\].message.content is not a"),
+    (b"[" * 100_000 + b"]" * 100_000, r"JSON nested too deeply"),  # was a RecursionError out of the client
+])  # fmt: skip
+def test_a_chat_reply_of_the_wrong_shape_is_a_malformed_response_naming_the_field(
+    serve: Callable[[Reply], RawStub], body: Any, reason: str
+) -> None:
+    server = serve(lambda handler, *_: write_response(handler, 200, body))
+    with pytest.raises(BackendError, match=rf"/chat/completions failed after 2 attempt\(s\): malformed response "
+                                           rf"\({reason}"):
+        ask(chat(server))
+
+
 # -- bodies too large to hold: an endless one, a huge one, a compression bomb ---------------------------------
 CAP = 64 * 1024  # max_response_bytes in these tests, small to keep them fast
 TOO_LARGE = r"malformed response \(the body{} is larger than max_response_bytes={} \({}\), the most"
@@ -238,6 +264,9 @@ def test_the_vllm_client_takes_a_well_formed_completion(serve: Callable[[Reply],
     (_completions([5], [-0.1], finish="abort"), r"finish_reason 'abort': the server did not finish"),
     (_completions([5], [-0.1], finish=None), r"finish_reason None"),
     (_completions([-1], [-0.1]), r"token id -1 is out of range"),  # was an OverflowError from the tokenizer
+    (_completions([5, 2**32], [-0.1, -0.1]), r"token id 4294967296 is out of range"),
+    (_completions(["abc"], [-0.1]), r"expected tokens as 'token_id:N' \(return_tokens_as_token_ids\), got "
+                                    r"'token_id:abc'"),  # was "invalid literal for int\(\)"
     (_completions([5, 6], b"-0.1, NaN"), r"token_logprobs are not all finite numbers <= 0: \[nan\]"),
     (_completions([5], [2.5]), r"token_logprobs are not all finite numbers <= 0: \[2.5\]"),
     (_completions([5], ["-0.5"]), r"token_logprobs are not all finite numbers <= 0: \['-0.5'\]"),
@@ -268,3 +297,22 @@ def test_the_vllm_client_caps_its_bodies_too(serve: Callable[[Reply], RawStub], 
         ask(policy, prompt_ids=[1, 2], max_new_tokens=4)
     sent = endless.ended(connections=2)  # GET /v1/models, POST /v1/completions
     assert all(count < 10 * CAP for count in sent), f"the client read on past the limit: {sent} bytes sent"
+
+
+def test_a_retry_after_a_malformed_reply_sends_the_same_request_seed_included(
+    serve: Callable[[Reply], RawStub], tiny_model_dir: Path
+) -> None:
+    # A seeded request is drawn the same way again on its retry (docs/vllm.md#seeded-draws): the same body.
+    replies = iter([_completions([5], [-0.1], finish="abort"), _completions([5, 6], [-0.25, 0.0])])
+    def reply(handler: BaseHTTPRequestHandler, method: str, path: str) -> None:  # GET /v1/models: no list
+        if method == "POST":
+            write_response(handler, 200, next(replies))
+        else:
+            write_response(handler, 404, {})
+
+    server = serve(reply)
+    policy = vllm_client(server, tiny_model_dir, max_retries=1, seed=7)
+    completion = ask(policy, prompt_ids=[1, 2], max_new_tokens=4, metadata={"seed": 3, "turn": 0})
+    assert completion.token_ids == [5, 6]
+    sent = [json.loads(body) for body in server.bodies if body]
+    assert len(sent) == 2 and sent[0] == sent[1] and isinstance(sent[0]["seed"], int)

@@ -235,3 +235,42 @@ def test_the_idle_timeout_must_be_positive(retriever) -> None:
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="idle_timeout_s must be a positive number"):
             RetrieverServer(retriever, idle_timeout_s=bad)
+
+
+def test_a_query_with_a_lone_surrogate_is_searched_with_u_fffd_in_its_place(server, retriever) -> None:
+    """An LLM's text may hold a lone surrogate, which no UTF-8 encoder takes: the request was never sent and the
+    env said "search failed: 'utf-8' codec can't encode ...". It is sent with U+FFFD in its place, the servers'
+    rule, and finds what the in-process index finds."""
+    remote = gym.make("rl-llm/Search-v0", retriever=server.url)
+    local = gym.make("rl-llm/Search-v0")
+    for env in (remote, local):
+        env.reset(seed=5)
+    query = remote.unwrapped.current_task.oracle_queries[0] + " \ud800"
+    observation = remote.step(f"<search>{query}</search>")[0]
+    assert "search failed" not in observation and observation == local.step(f"<search>{query}</search>")[0]
+    assert "Doc 1" in observation
+    with RetrieverClient(server.url) as client:
+        assert client.search("Paris\udfff", 2) == retriever.search("Paris\ufffd\ufffd\ufffd", 2)
+    remote.close()
+    local.close()
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ({"result": [5]}, "no 'result' list per query"),  # a row that is not a list: a TypeError out of the step
+    ({"result": [[{"document": {"text": "x"}, "score": None}]]}, "score None is not a number"),  # float(None)
+    ({"result": [[{"document": {"text": "x"}, "score": "high"}]]}, "score 'high' is not a number"),
+    (b"[" * 100_000 + b"]" * 100_000, "invalid JSON (nested too deeply)"),  # was a RecursionError
+])  # fmt: skip
+def test_a_malformed_retriever_reply_is_reported_to_the_agent_not_raised(body, needle) -> None:
+    from tests.agents.stub_servers import RawStub, write_response
+
+    stub = RawStub(lambda handler, *_: write_response(handler, 200, body))
+    env = gym.make("rl-llm/Search-v0", retriever=stub.url)
+    try:
+        env.reset(seed=0)
+        observation, _, terminated, _, _ = env.step("<search>Paris</search>")
+        assert "search failed" in observation and needle in observation and not terminated
+        assert "search failed" in env.step("<search>Paris</search>")[0]  # the env is still usable
+    finally:
+        env.close()
+        stub.close()

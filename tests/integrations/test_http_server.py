@@ -178,6 +178,8 @@ def test_batched_reset_and_step_report_errors_per_item() -> None:
         ("POST", "/sessions", {"kwargs": {}}, 422, "env_id"),
         ("POST", "/sessions", {"env_id": TTT, "surprise": 1}, 422, "surprise"),
         ("POST", "/sessions", {"env_id": TTT, "count": 0}, 422, "count"),
+        ("POST", "/sessions", {"env_id": TTT, "count": True}, 422, "count"),  # true and "2" were counts
+        ("POST", "/sessions", {"env_id": TTT, "count": "2"}, 422, "count"),
         ("POST", "/sessions", {"env_id": "rl-llm/Nope-v0"}, 400, "not served"),
         ("POST", "/sessions", {"env_id": TTT, "kwargs": {"opponent": "god"}}, 400, "opponent"),
         ("POST", "/sessions", {"env_id": TTT, "kwargs": {"no_such_arg": 1}}, 400, "takes no option 'no_such_arg'; its options are"),

@@ -90,6 +90,49 @@ def test_a_dropped_websocket_closes_the_session_it_created_but_not_one_it_attach
         assert served.client.reset(kept, seed=1)[0]  # the attached session outlived its connection
 
 
+# Each op's fields, mistyped, missing or unknown: (op, fields, the field the detail names, the HTTP route taking
+# the same fields or None). attach and create go to a connection without a session, the rest to one with one.
+BAD_FIELDS = [
+    ("attach", {"session_id": None}, "session_id", None),  # was a 404 for a session id 'None'
+    ("attach", {}, "session_id", None),
+    ("attach", {"session_id": ["a"]}, "session_id", None),
+    ("attach", {"session_id": "x", "surprise": 1}, "surprise", None),
+    ("create", {"env_id": 5}, "env_id", "/sessions"),
+    ("create", {"env_id": TTT, "kwargs": [1]}, "kwargs", "/sessions"),
+    ("create", {"env_id": TTT, "count": 2}, "count", None),  # was one session, the count silently ignored
+    ("reset", {"seed": True}, "seed", "/sessions/{sid}/reset"),  # true, "5" and 5.0 were seeds
+    ("reset", {"seed": "5"}, "seed", "/sessions/{sid}/reset"),
+    ("reset", {"seed": 5.0}, "seed", "/sessions/{sid}/reset"),
+    ("reset", {"options": [1]}, "options", "/sessions/{sid}/reset"),
+    ("step", {"action": 5}, "action", "/sessions/{sid}/step"),
+    ("step", {"messages": "hi"}, "messages", "/sessions/{sid}/step"),
+    ("step", {"messages": [{"role": 5, "content": "x"}]}, "messages.0.role", "/sessions/{sid}/step"),
+    ("close", {"now": True}, "now", None),  # was taken, the field ignored
+]
+
+
+@pytest.mark.parametrize(("op", "fields", "field", "route"), BAD_FIELDS)
+def test_websocket_messages_with_bad_fields_are_a_422_naming_the_field_as_over_http(
+    op: str, fields: dict[str, Any], field: str, route: str | None
+) -> None:
+    with serve() as served:
+        url = served.url.replace("http://", "ws://") + "/sessions/ws"
+        with websockets_sync.connect(url) as socket:
+            if op not in ("attach", "create"):
+                assert "session_id" in ws_call(socket, op="create", env_id=TTT)
+                ws_call(socket, op="reset", seed=1)
+            error = ws_call(socket, op=op, **fields)["error"]
+            assert error["status"] == 422 and error["detail"].startswith(f"{field}:"), error
+            assert "\n" not in error["detail"]
+            if op in ("attach", "create"):  # the connection is kept, and can still open its session
+                assert "session_id" in ws_call(socket, op="create", env_id=TTT)
+            assert "observation" in ws_call(socket, op="reset", seed=1)  # and the session plays on
+        if route is not None:  # the same fields over HTTP: FastAPI's 422, naming the same field
+            response = httpx.post(served.url + route.format(sid=served.client.create(TTT)[0]), json=fields)
+            assert response.status_code == 422, response.text
+            assert [".".join(map(str, e["loc"][1:])) for e in response.json()["detail"]] == [field]
+
+
 def test_inline_policy_promotes_after_a_fast_streak_and_demotes_a_slow_kind_for_longer() -> None:
     policy = InlinePolicy(budget_s=0.001, promote_after=4, max_demotions=2)
     kind = ("env", "step")
@@ -230,7 +273,7 @@ def test_websocket_steps_refuse_bad_frames_clearly_and_write_strict_json() -> No
         body = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
         assert body["observation"] == "not a number" and body["reward"] is None
         # Hostile JSON: nested past the parser's recursion limit, NaN, a lone surrogate escape.
-        for hostile, needle in (("[" * 100_000, "nested too deeply"), ('{"op": "reset", "seed": NaN}', "finite"),
+        for hostile, needle in (("[" * 100_000, "nested too deeply"), ('{"op": "reset", "seed": NaN}', "seed:"),
                                 ('{"op": "step", "action": "\\ud800"}', "unicode")):  # fmt: skip
             socket.send(hostile)
             error = json.loads(socket.recv(timeout=30))["error"]
