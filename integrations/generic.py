@@ -36,6 +36,8 @@ def parse_kwarg_pairs(pairs: Sequence[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"-k takes key=value, got {pair!r}")
+        if key in kwargs:  # the last would win silently
+            raise ValueError(f"-k {key} is given twice; give each key once")
         try:
             kwargs[key] = json.loads(value)
         except json.JSONDecodeError:

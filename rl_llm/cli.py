@@ -19,6 +19,7 @@ import rl_llm
 from rl_llm.console import ArgumentParser, make_console
 from rl_llm.envs.registration import ENVIRONMENTS, env_ids
 from rl_llm.errors import RLLMError
+from rl_llm.paths import load_yaml, yaml_problem
 
 console = make_console()  # messages never hard-wrap in pipes and logs
 
@@ -31,11 +32,13 @@ def parse_kwargs(pairs: Sequence[str], env_id: str | None = None) -> dict[str, A
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"expected KEY=VALUE, got {pair!r}")  # main: one error line, exit status 2
+        if key in kwargs:  # the last would win silently (`rl-llm train` refuses a repeated override too)
+            raise ValueError(f"-k {key} is given twice; give each key once")
         try:
-            kwargs[key] = yaml.safe_load(value)
-        except yaml.YAMLError:  # e.g. "[1, 2": not a ValueError, so a traceback before
-            raise ValueError(f"-k {pair}: {value!r} is no YAML value (a number, text, [list] or {{mapping}}); "
-                             "quote text that holds brackets or colons") from None  # fmt: skip
+            kwargs[key] = load_yaml(value)  # a repeated key inside, "{a: 1, a: 2}", is an error too
+        except yaml.YAMLError as error:  # e.g. "[1, 2": not a ValueError, so a traceback before
+            raise ValueError(f"-k {pair}: {value!r} is no YAML value (a number, text, [list] or {{mapping}}; "
+                             f"{yaml_problem(error)}); quote text that holds brackets or colons") from None
     if env_id is not None:
         from rl_llm.envs.registration import check_env_kwargs
 
@@ -241,7 +244,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from rl_llm.trainers.cli import train_main
 
-    return train_main(args.config, args.overrides, out=args.out)
+    return train_main(args.config, args.overrides, out=args.out, command_line=True)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl_llm.paths import atomic_path
+from rl_llm.paths import atomic_dir, atomic_path, is_training_run
 
 FORMATS = ("hf", "parquet", "sft-jsonl")
 SAMPLES_FILE = "samples.jsonl"  # trainers/logging.py
@@ -259,10 +259,18 @@ def _write_arrow(rows: list[dict[str, Any]], fmt: str, out: Path) -> None:
     bars = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()  # a redrawn bar is noise in a pipe or a log
     try:
-        datasets.Dataset.from_list(rows).save_to_disk(str(out))
+        # save_to_disk writes the shards, then state.json: one that fails midway (a full disk, a file size
+        # limit) would leave a directory load_from_disk cannot read, or an earlier export half replaced
+        with atomic_dir(out) as partial:
+            datasets.Dataset.from_list(rows).save_to_disk(str(partial))
     finally:
         if bars:
             datasets.enable_progress_bars()
+
+
+def is_saved_dataset(path: Path) -> bool:
+    """``path`` holds what ``Dataset.save_to_disk`` writes (an earlier ``--format hf`` export)."""
+    return (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
 
 
 def check_out(out: Path, reads: list[Path]) -> None:
@@ -271,6 +279,15 @@ def check_out(out: Path, reads: list[Path]) -> None:
     if any(out.resolve() == path.resolve() for path in reads):
         raise ValueError(f"{out} is what is being read; name another output with --out (writing it would "
                          "replace the input)")  # fmt: skip
+    # In a training run's folders the trainer would take the export for its own: a step_* directory under
+    # checkpoints/ for a checkpoint to resume from (then pruned), model/ is rewritten at the end of a run. Its
+    # top level is where the default output goes (DIR/export.*): nothing there reads those names.
+    resolved = out.resolve()
+    for run in resolved.parents[1:]:
+        if is_training_run(run):
+            folder = resolved.relative_to(run).parts[0]
+            raise ValueError(f"--out {out} is inside {folder}/ of the training run {run}, which the trainer manages; "
+                             "write the export at the run directory's top level or outside it")
 
 
 def export(path: str | Path, fmt: str, out: str | Path | None = None, *, min_return: float | None = None,
@@ -296,6 +313,10 @@ def export(path: str | Path, fmt: str, out: str | Path | None = None, *, min_ret
     check_out(target, [Path(path), *sources])
     if fmt == "hf" and target.is_file():  # save_to_disk's own error says only "File exists"
         raise ValueError(f"--out {target} is a file; --format hf writes a directory (datasets' save_to_disk)")
+    if fmt == "hf" and target.is_dir() and any(target.iterdir()) and not is_saved_dataset(target):
+        # replaced whole, as other formats replace their file: only an earlier export may go
+        raise ValueError(f"--out {target} is a directory that holds no saved dataset (state.json, dataset_info.json); "
+                         "--format hf replaces only an earlier export: name a new directory")
     write_rows(kept, fmt, target)
     return Export(target, kept, sources, read=len(records), skipped_lines=skipped, errored=errored,
                   filtered=len(rows) - len(kept), notes=notes)  # fmt: skip

@@ -256,3 +256,79 @@ def test_outputs_that_are_no_plain_file_are_written_in_place_or_refused(trajecto
     result = rl_llm("export", str(trajectories), "--format", "sft-jsonl", "--out", str(tmp_path / "null"))
     assert result.returncode == 0 and stat.S_ISCHR((tmp_path / "null").stat().st_mode), result.stdout
     assert taken.read_text() == "keep"
+
+
+def write_earlier_export(trajectories: Path, out: Path) -> int:
+    """An hf export at ``out`` (what a later one may replace); its number of rows."""
+    return len(export(trajectories, "hf", out).rows)
+
+
+def test_an_hf_export_that_fails_midway_leaves_no_partial_directory(trajectories: Path, tmp_path: Path) -> None:
+    """save_to_disk wrote into --out itself: a write that failed midway (here a real one, the process's file
+    size limit, as a full disk fails) left a directory with a cut shard and no state.json, which
+    load_from_disk cannot read, or an earlier export there half replaced."""
+    datasets = pytest.importorskip("datasets", reason="--format hf needs the datasets package (the export extra)")
+    resource = pytest.importorskip("resource", reason="the file size limit (RLIMIT_FSIZE) is POSIX only")
+    big = tmp_path / "big.trajectories.jsonl"  # about 1.3 MB of episodes: a shard past the 256 KiB limit
+    big.write_text("".join(Trajectory(env_id="rl-llm/Toy-v0", task_id=f"t{seed}", seed=seed, turns=[Turn("a", "", 1.0)],
+                                      messages=[Message("user", "x" * 20_000), Message("assistant", "a")]).to_json()
+                           + "\n" for seed in range(64)))  # fmt: skip
+    earlier = tmp_path / "earlier.hf"
+    assert write_earlier_export(trajectories, earlier) == 5
+
+    def limit_file_size() -> None:  # in the child: a write past 256 KiB fails with EFBIG (Python ignores SIGXFSZ)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+
+    before = sorted(path.name for path in tmp_path.iterdir())
+    for out in (tmp_path / "new.hf", earlier):
+        result = subprocess.run([sys.executable, "-m", "rl_llm.cli", "export", str(big), "--format", "hf", "--out",
+                                 str(out)], capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size,
+                                env=cli_env(COLUMNS="200", PYTHONDONTWRITEBYTECODE="1"))  # fmt: skip
+        assert result.returncode == 2 and "File too large" in result.stdout, result.stdout + result.stderr
+        assert "Traceback" not in result.stderr
+        assert sorted(path.name for path in tmp_path.iterdir()) == before  # no new.hf, no temporary left
+    assert len(datasets.load_from_disk(str(earlier))) == 5  # the earlier export, whole
+
+
+def test_an_hf_export_replaces_an_earlier_one_and_nothing_else(trajectories: Path, tmp_path: Path) -> None:
+    """Other formats replace their file; hf replaces an earlier export's directory whole (its old rows gone),
+    but never a directory of other files, where save_to_disk wrote among (and over) them."""
+    datasets = pytest.importorskip("datasets", reason="--format hf needs the datasets package (the export extra)")
+    out = tmp_path / "x.hf"
+    write_earlier_export(trajectories, out)
+    assert len(export(trajectories, "hf", out, min_return=1.5).rows) == 1
+    assert len(datasets.load_from_disk(str(out))) == 1
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "notes.md").write_text("mine")
+    result = rl_llm("export", str(trajectories), "--format", "hf", "--out", str(folder))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (f"error: --out {folder} is a directory that holds no saved dataset (state.json, dataset_info.json); "
+            "--format hf replaces only an earlier export: name a new directory") in result.stdout  # fmt: skip
+    assert [path.name for path in folder.iterdir()] == ["notes.md"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert len(datasets.load_from_disk(str(export(trajectories, "hf", empty).out))) == 5
+
+
+def test_an_export_into_a_training_runs_folders_is_refused(trajectories: Path, tmp_path: Path) -> None:
+    """A run's folders are the trainer's: an hf export named step_* under checkpoints/ was taken for the
+    newest checkpoint (its state.json) and resumed from; model/ is rewritten at the end of a run. The run
+    directory's top level, where the default output goes, stays open."""
+    import yaml
+
+    from rl_llm.trainers.config import TrainConfig, config_to_dict
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(config_to_dict(TrainConfig())))  # as the trainer saves it
+    (run / "samples.jsonl").write_text(trajectories.read_text())
+    for fmt, out in (("hf", run / "checkpoints" / "step_000099"), ("sft-jsonl", run / "model" / "data.jsonl")):
+        result = rl_llm("export", str(run), "--format", fmt, "--out", str(out))
+        assert result.returncode == 2, result.stdout + result.stderr
+        folder = out.relative_to(run).parts[0]
+        assert (f"error: --out {out} is inside {folder}/ of the training run {run.resolve()}, which the trainer "
+                "manages; write the export at the run directory's top level or outside it") in result.stdout
+        assert not out.exists()
+    assert export(run, "sft-jsonl").out == run / "export.sft.jsonl"  # the default, at the top level
+    assert len(export(run, "sft-jsonl", tmp_path / "elsewhere" / "x.jsonl").rows) == 5

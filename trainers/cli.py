@@ -15,7 +15,14 @@ from rich.markup import escape
 
 from rl_llm.console import make_console
 from rl_llm.errors import RLLMError
-from rl_llm.trainers.config import ConfigError, TrainConfig, config_to_dict, load_config
+from rl_llm.paths import is_training_run
+from rl_llm.trainers.config import (
+    ConfigError,
+    TrainConfig,
+    check_overrides_unique,
+    config_to_dict,
+    load_config,
+)
 from rl_llm.trainers.default_job import DEFAULT_JOB, describe_default_job
 from rl_llm.trainers.trackers import flatten
 
@@ -56,7 +63,13 @@ def check_run_dir(config: TrainConfig, run_dir: Path) -> None:
         raise ConfigError(f"--out {run_dir} is a file, not a directory; choose another --out")
     saved_path = run_dir / "config.yaml"
     if Checkpointer(run_dir / "checkpoints").latest() is None or not saved_path.is_file():
-        return  # a new run (or one stopped before its first checkpoint: it starts over)
+        # A new run, or one stopped before its first checkpoint (it starts over). Any other directory with
+        # files in it (a home or project folder) is not the trainer's: its config.yaml, summary.json, model/...
+        # would overwrite a person's files of those names and mix the run's among the rest.
+        if run_dir.is_dir() and any(run_dir.iterdir()) and not is_training_run(run_dir):
+            raise ConfigError(f"--out {run_dir} is a non-empty directory that holds no training run (no config.yaml "
+                              "saved by rl-llm train); choose a new or empty --out")
+        return
     try:
         saved = yaml.safe_load(saved_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
@@ -85,11 +98,16 @@ def interrupted_message(run_dir: Path) -> str:
             f"({latest}). Resume with: {resume_command(run_dir)}")
 
 
-def train_main(config_path: str | None, overrides: list[str], out: str | None = None) -> int:
+def train_main(config_path: str | None, overrides: list[str], out: str | None = None, *,
+               command_line: bool = False) -> int:
+    """``rl-llm train``. ``command_line``: the overrides were typed by a person, so a key given twice is refused
+    (code calling this may layer specifics over a base list of overrides: the later one wins)."""
     if config_path is not None and "=" in config_path and not Path(config_path).exists():
         # `rl-llm train steps=10`: the command line's first positional is a key=value, not a file.
         config_path, overrides = None, [config_path, *overrides]
     try:
+        if command_line:
+            check_overrides_unique(overrides)
         config = load_config(config_path, overrides, base=None if config_path else DEFAULT_JOB)
     except ConfigError as error:
         console.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)

@@ -7,8 +7,11 @@ a typo fails at once with the key's full path and, where one is close, the inten
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import math
+import operator
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,6 +21,7 @@ from typing import Any
 import yaml
 
 from rl_llm.errors import RLLMError
+from rl_llm.paths import load_yaml, yaml_problem
 from rl_llm.trainers.curriculum import CurriculumConfig
 from rl_llm.trainers.filtering import FilterConfig
 from rl_llm.trainers.trackers import report_to_problem
@@ -311,6 +315,7 @@ class TrainConfig:
         for key, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"{key} must be positive, got {value}")
+        self._check_ranges()
         if self.optim.minibatches > self.rollout.group_size * self.rollout.prompts_per_step:
             raise ConfigError("optim.minibatches cannot exceed the batch size (group_size * prompts_per_step)")
         if not (0 <= self.loss.clip_low < 1 and self.loss.clip_high >= 0):
@@ -358,6 +363,40 @@ class TrainConfig:
         return self
 
 
+    def _check_ranges(self) -> None:
+        """Every bounded number within its bounds, named (NaN and infinity never reach here: ``_coerce``).
+        Each one got through before and failed later, some after minutes of work: a negative seed at the first
+        env reset, ``log.checkpoint_every=0`` as a ZeroDivisionError after the first step, ``optim.max_grad_norm=0``
+        zeroed every gradient, a ``rollout.top_p`` or ``ppo.gamma`` out of range trained on nonsense."""
+        for key, low, high in RANGES:
+            value = operator.attrgetter(key)(self)
+            if value is None:
+                continue  # the key's "off" or "default" (its type says where null is allowed)
+            low_ok = value > low[1] if low[0] == "(" else value >= low[1]
+            high_ok = high is None or (value < high[1] if high[0] == ")" else value <= high[1])
+            if not (low_ok and high_ok):
+                bound = f"{low[0]}{low[1]}, {high[1]}{high[0]}" if high is not None else None
+                where = f"in {bound}" if bound else f"{'>' if low[0] == '(' else '>='} {low[1]}"
+                raise ConfigError(f"{key} must be {where}, got {value}")
+
+
+# Bounds of numeric keys: ("[", x) is >= x, ("(", x) is > x; the upper bound alike with "]" / ")", None: none.
+RANGES: list[tuple[str, tuple[str, float], tuple[str, float] | None]] = [
+    *((key, ("[", 0), None) for key in ("seed", "env.train_seed", "eval.seed", "sft.seed")),
+    ("model.lora.r", ("[", 1), None), ("model.lora.alpha", ("(", 0), None), ("model.lora.dropout", ("[", 0), (")", 1)),
+    ("rollout.top_p", ("(", 0), ("]", 1)), ("rollout.vllm.gpu_memory_utilization", ("(", 0), ("]", 1)),
+    ("rollout.vllm.server_group_port", ("[", 0), ("]", 65535)),
+    ("optim.weight_decay", ("[", 0), None), ("optim.eps", ("(", 0), None), ("optim.warmup_steps", ("[", 0), None),
+    ("optim.max_grad_norm", ("(", 0), None), ("loss.kl_coef", ("[", 0), None),
+    *((key, ("[", 0), ("]", 1)) for key in ("ppo.gamma", "ppo.lam_actor", "ppo.lam_critic")),
+    ("ppo.value_coef", ("[", 0), None), ("ppo.value_clip", ("(", 0), None), ("ppo.critic_lr", ("(", 0), None),
+    ("ppo.critic_warmup_steps", ("[", 0), None), ("otc.alpha", ("[", 0), None), ("otc.c", ("(", 0), None),
+    ("eval.every", ("[", 0), None), ("eval.temperature", ("[", 0), None), ("log.checkpoint_every", ("[", 1), None),
+    ("log.keep_checkpoints", ("[", 1), None), ("log.samples", ("[", 0), None),
+    ("advantage.gigpo_weight", ("[", 0), None),
+]  # fmt: skip
+
+
 # -- loading ------------------------------------------------------------------------------------------------
 def _type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
@@ -393,13 +432,19 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")
         return {str(k): v for k, v in value.items()}
     if annotation is float and isinstance(value, str):  # YAML 1.1 reads "1e-6" as a string
-        try:
-            return float(value)
-        except ValueError:
-            pass
+        with contextlib.suppress(ValueError):
+            value = float(value)
     accepted = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}.get(annotation, ())
     if isinstance(value, accepted) and not (annotation is not bool and isinstance(value, bool)):
-        return float(value) if annotation is float else value
+        if annotation is not float:
+            return value
+        try:
+            number = float(value)  # an int past a float's range raises OverflowError
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):  # .nan and .inf are YAML floats; none is a setting here
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        return number
     raise ConfigError(f"{key}: expected {_type_name(annotation)}, got {type(value).__name__} {value!r}")
 
 
@@ -409,8 +454,9 @@ def _build(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
     for key in values:
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f" (did you mean {prefix}{close[0]!r}?)" if close else f"; valid keys: {', '.join(names)}"
-            raise ConfigError(f"unknown config key {prefix}{key!r}{hint}")
+            # the whole dotted path quoted once: 'optim.lrr', not optim.'lrr'
+            hint = f" (did you mean {prefix + close[0]!r}?)" if close else f"; valid keys: {', '.join(names)}"
+            raise ConfigError(f"unknown config key {prefix + str(key)!r}{hint}")
     return cls(**{key: _coerce(value, hints[key], prefix + key) for key, value in values.items()})
 
 
@@ -427,19 +473,21 @@ def apply_override(tree: dict[str, Any], pair: str) -> None:
             raise ConfigError(f"{'.'.join(parts[: depth + 1])} is not a section; cannot set {key!r}")
         node = child
     try:
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        node[parts[-1]] = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as error:
-        raise ConfigError(f"override {pair!r}: value is not valid YAML ({_yaml_problem(error)})") from error
+        raise ConfigError(f"override {pair!r}: value is not valid YAML ({yaml_problem(error)})") from error
 
 
-def _yaml_problem(error: yaml.YAMLError) -> str:
-    """PyYAML's message on one line ("line 2, column 1: expected the node content, but found '<stream end>'"):
-    its own spans several lines and names the text as "<unicode string>"."""
-    mark = getattr(error, "problem_mark", None)
-    problem = ": ".join(filter(None, (getattr(error, "context", None), getattr(error, "problem", None))))
-    if not problem:
-        return " ".join(str(error).split())
-    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem
+def check_overrides_unique(overrides: list[str]) -> None:
+    """Refuse a key given twice on a command line (``optim.lr=1 optim.lr=2``), as Hydra does ("Multiple
+    values for optim.lr"): the last would win silently, and the first was most likely meant too. (``load_config``
+    itself applies its overrides in order, so code can layer specifics over a base list.)"""
+    first: dict[str, str] = {}
+    for pair in overrides:
+        key = pair.partition("=")[0].strip()
+        if key in first:
+            raise ConfigError(f"multiple values for {key!r} ({first[key]!r} and {pair!r}); give each key once")
+        first[key] = pair
 
 
 def config_from_dict(values: dict[str, Any]) -> TrainConfig:
@@ -452,15 +500,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     tree: dict[str, Any] = _deep_copy(base or {})
     if path is not None:
         try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+            loaded = load_yaml(Path(path).read_text(encoding="utf-8")) or {}
         except (OSError, UnicodeDecodeError) as error:  # missing, a directory, not text
             raise ConfigError(f"cannot read config file {path}: {error}") from error
         except yaml.YAMLError as error:
-            raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(error)}") from error
+            raise ConfigError(f"config file {path} is not valid YAML: {yaml_problem(error)}") from error
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
         _merge(tree, loaded)
-    for pair in overrides or []:
+    for pair in overrides or []:  # in order, a later one winning: code may layer a base list and specifics
         apply_override(tree, pair)
     return config_from_dict(tree)
 

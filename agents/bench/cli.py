@@ -68,6 +68,11 @@ def bench_main(args: argparse.Namespace, console: Console) -> int:
     out = Path(args.out or f"runs/bench/{suite.id}-{name}")
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} is a file; bench writes a run directory there")
+    # A bench run directory holds run.json from its start (run.lock alone: one stopped before it); any other
+    # directory with files in it is a person's, where results.md, episodes.jsonl... would overwrite theirs.
+    if out.is_dir() and not (out / "run.json").is_file() and {p.name for p in out.iterdir()} - {"run.lock"}:
+        raise ValueError(f"--out {out} is a non-empty directory that holds no bench run (no run.json); "
+                         "choose a new or empty --out")
     options = {
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,

@@ -33,6 +33,8 @@ from typing import Any
 
 import yaml
 
+from rl_llm.paths import load_yaml, yaml_problem
+
 SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
 
 
@@ -93,10 +95,11 @@ def load_suite(name_or_path: str) -> Suite:
                 f"unknown suite {name_or_path!r}; shipped suites: {', '.join(available_suites())}"
             )
     try:
-        with path.open(encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
-    except (yaml.YAMLError, UnicodeDecodeError) as error:  # YAMLError is no ValueError: a traceback before
-        raise ValueError(f"{path}: not a suite YAML file ({str(error).splitlines()[0]})") from None
+        data = load_yaml(path.read_text(encoding="utf-8"))  # a repeated key is an error, not last-wins
+    except yaml.YAMLError as error:  # no ValueError: a traceback before
+        raise ValueError(f"{path}: not a suite YAML file ({yaml_problem(error)})") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not a suite YAML file ({error})") from None
     return parse_suite(data, source=str(path))
 
 

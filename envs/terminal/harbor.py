@@ -75,7 +75,12 @@ def load_harbor_task(path: str | Path, family: str = "harbor") -> TerminalTask:
     else:
         import yaml
 
-        meta = yaml.safe_load((root / "task.yaml").read_text(encoding="utf-8")) or {}
+        from rl_llm.paths import load_yaml, yaml_problem
+
+        try:  # a repeated key is an error, not last-wins
+            meta = load_yaml((root / "task.yaml").read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as error:
+            raise ValueError(f"{root / 'task.yaml'}: not valid YAML ({yaml_problem(error)})") from None
         instruction = str(meta.get("instruction", ""))
         dockerfile, context = root / "Dockerfile", root
         test_entry, solution = "run-tests.sh", root / "solution.sh"
@@ -244,4 +249,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
-    return tomllib.loads(path.read_text(encoding="utf-8"))
+    try:  # tomllib refuses a repeated key itself, naming its line but not the file
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"{path}: not valid TOML ({error})") from None

@@ -378,7 +378,12 @@ def test_a_second_bench_on_the_same_directory_is_refused(tmp_path: Path) -> None
     (("--agent", "random", "--max-episodes", "-1"), TINY_SUITE, "--max-episodes must be at least 0, got -1"),
     (("--agent", "random", "--max-tokens-budget", "-5"), TINY_SUITE, "--max-tokens-budget must be at least 0"),
     # tracebacks before: yaml's ScannerError, TypeError, KeyError
-    (("--agent", "random"), "name: [x\n", "suite.yaml: not a suite YAML file (while parsing a flow sequence)"),
+    (("--agent", "random"), "name: [x\n",
+     "suite.yaml: not a suite YAML file (line 2, column 1: while parsing a flow sequence: expected ','"),
+    # a repeated key: the last value won silently before (here 9 episodes instead of 2)
+    (("--agent", "random"), "name: tiny\nversion: 1\nenvs:\n  - key: bandit\n    env: rl-llm/MultiArmedBandit-v0\n"
+     "    episodes: 2\n    episodes: 9\n",
+     "suite.yaml: not a suite YAML file (line 7, column 5: duplicate key 'envs[0].episodes' (first on line 6))"),
     (("--agent", "random"), {**TINY_SUITE, "envs": [1]}, "envs must be a list of mappings, each with a key and an env"),
     (("--agent", "random"), {**TINY_SUITE, "envs": [{"env": "rl-llm/MultiArmedBandit-v0"}]}, "each with a key"),
     (("--agent", "random"), {**TINY_SUITE, "envs": [{**TINY_SUITE["envs"][0], "kwargs": [1]}]},
@@ -394,6 +399,26 @@ def test_bad_bench_input_fails_on_one_line_and_writes_nothing(args: tuple[str, .
                             env=cli_env(COLUMNS="200", RL_LLM_CACHE=str(tmp_path / "cache")))  # fmt: skip
     assert result.returncode == 2 and message in result.stdout, result.stdout + result.stderr
     assert "Traceback" not in result.stderr and not out.exists()
+
+
+def test_bench_out_that_holds_files_but_no_bench_run_is_refused(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture) -> None:  # fmt: skip
+    """A person's folder as --out: bench wrote results.md, episodes.jsonl... among (or over) their files."""
+    from rl_llm.cli import main
+
+    suite, out = tmp_path / "suite.yaml", tmp_path / "project"
+    suite.write_text(json.dumps(TINY_SUITE))
+    out.mkdir()
+    (out / "results.md").write_text("my results")
+    assert main(["bench", "--agent", "random", "--suite", str(suite), "--out", str(out)]) == 2
+    assert (f"error: --out {out} is a non-empty directory that holds no bench run (no run.json); choose a new or "
+            "empty --out") in capsys.readouterr().out  # fmt: skip
+    assert [path.name for path in out.iterdir()] == ["results.md"] and (out / "results.md").read_text() == "my results"
+    # a bench run directory (its run.json) is resumed as before
+    run = tmp_path / "run"
+    assert main(["bench", "--agent", "random", "--suite", str(suite), "--out", str(run), "--max-episodes", "1"]) == 0
+    assert main(["bench", "--agent", "random", "--suite", str(suite), "--out", str(run)]) == 0
+    assert len(episodes(run)) == 2
 
 
 def test_bench_out_that_is_a_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

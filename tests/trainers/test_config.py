@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from rl_llm.trainers.config import ConfigError, TrainConfig, config_to_dict, load_config
+from rl_llm.trainers.config import (
+    ConfigError,
+    TrainConfig,
+    check_overrides_unique,
+    config_to_dict,
+    load_config,
+)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -34,10 +40,51 @@ def test_round_trip_through_a_dict() -> None:
 
 
 def test_unknown_keys_are_named_with_a_suggestion(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"unknown config key optim\.'lrr' \(did you mean optim\.'lr'\?\)"):
+    # the whole dotted path quoted once (optim.'lrr' before)
+    with pytest.raises(ConfigError, match=r"unknown config key 'optim\.lrr' \(did you mean 'optim\.lr'\?\)"):
         load_config(overrides=["optim.lrr=1"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'model\.lora\.rr' \(did you mean 'model\.lora\.r'\?\)"):
+        load_config(write(tmp_path, "model:\n  lora: {rr: 4}\n"))
     with pytest.raises(ConfigError, match="unknown config key 'nonsense'"):
         load_config(write(tmp_path, "nonsense: 1\n"))
+
+
+def test_a_key_repeated_in_the_file_is_refused_with_its_line(tmp_path: Path) -> None:
+    """YAML keys are unique; PyYAML kept the last value silently (lr 1e-3 here, the 1e-6 above it unseen)."""
+    path = write(tmp_path, "optim:\n  lr: 1e-6\n  eps: 1e-8\n  lr: 1e-3\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert str(refused.value) == (f"config file {path} is not valid YAML: line 4, column 3: duplicate key "
+                                  "'optim.lr' (first on line 2)")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"line 3, column 1: duplicate key 'steps' \(first on line 1\)"):
+        load_config(write(tmp_path, "steps: 5\nseed: 1\nsteps: 7\n"))
+    with pytest.raises(ConfigError, match=r"duplicate key 'env\.kwargs\.horizon'"):  # in a flow mapping too
+        load_config(write(tmp_path, "env:\n  kwargs: {horizon: 5, horizon: 6}\n"))
+    # The same name in two sections is no repeat, and a key merged in from an anchor may be overridden.
+    config = load_config(write(tmp_path, "optim: {lr: 0.5}\nsft: {lr: 0.25}\nenv:\n  kwargs:\n"
+                                         "    <<: {horizon: 5, num_arms: 3}\n    horizon: 6\n"))  # fmt: skip
+    assert (config.optim.lr, config.sft.lr, config.env.kwargs) == (0.5, 0.25, {"horizon": 6, "num_arms": 3})
+
+
+def test_a_key_given_twice_on_the_command_line_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """As Hydra refuses "Multiple values for optim.lr": the last value won silently before. (tests/test_cli.py
+    runs `rl-llm train optim.lr=1 optim.lr=2` itself.)"""
+    from rl_llm.trainers.cli import train_main
+
+    with pytest.raises(ConfigError) as refused:
+        check_overrides_unique(["optim.lr=1", "steps=3", " optim.lr =2"])
+    assert str(refused.value) == "multiple values for 'optim.lr' ('optim.lr=1' and ' optim.lr =2'); give each key once"
+    # `rl-llm train steps=3 steps=4`: the first positional is an override too
+    assert train_main("steps=3", ["steps=4"], command_line=True) == 2
+    assert "error: multiple values for 'steps' ('steps=3' and 'steps=4')" in capsys.readouterr().out
+    # Code may layer specifics over a base list: load_config applies overrides in order.
+    assert load_config(overrides=["steps=3", "optim.lr=1", "steps=4"]).steps == 4
+    with pytest.raises(ConfigError, match=r"override 'env\.kwargs=\{a: 1, a: 2\}': value is not valid YAML .*"
+                                          r"duplicate key 'a'"):  # fmt: skip
+        load_config(overrides=["env.kwargs={a: 1, a: 2}"])
+    # A section, then a key inside it, is two different keys: applied in order.
+    config = load_config(overrides=["env.kwargs={horizon: 5}", "env.kwargs.num_arms=3"])
+    assert config.env.kwargs == {"horizon": 5, "num_arms": 3}
 
 
 def test_bad_types_and_values_are_named() -> None:
@@ -114,3 +161,43 @@ def test_aggregation_follows_the_algorithm_unless_given() -> None:
     assert load_config(overrides=["algorithm=drgrpo"]).loss.aggregation == "seq_sum_constant"
     assert load_config(overrides=["algorithm=grpo"]).loss.aggregation == "seq_mean_token_mean"
     assert load_config(overrides=["algorithm=drgrpo", "loss.aggregation=token_mean"]).loss.aggregation == "token_mean"
+
+
+@pytest.mark.parametrize("override", ["optim.lr=.nan", "optim.lr=.inf", "rollout.temperature=.nan", "ppo.gamma=.nan",
+                                      "loss.kl_coef=-.inf", "optim.lr='nan'", "optim.eps=1" + "0" * 400])  # fmt: skip
+def test_nan_and_infinity_are_refused_for_every_number(override: str) -> None:
+    """NaN passed every "<= 0" check: optim.lr=.nan trained, and the first update made every weight NaN."""
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^{key}: expected a finite number, got "):
+        load_config(overrides=[override])
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("seed=-1", "seed must be >= 0, got -1"),  # the first env reset refused it, after the model was loaded
+    ("eval.seed=-5", "eval.seed must be >= 0, got -5"),
+    ("log.checkpoint_every=0", "log.checkpoint_every must be >= 1, got 0"),  # ZeroDivisionError after step 1
+    ("log.keep_checkpoints=0", "log.keep_checkpoints must be >= 1, got 0"),
+    ("optim.max_grad_norm=0", "optim.max_grad_norm must be > 0, got 0.0"),  # zeroed every gradient
+    ("rollout.top_p=1.5", r"rollout.top_p must be in \(0, 1\], got 1.5"),
+    ("rollout.top_p=0", r"rollout.top_p must be in \(0, 1\], got 0.0"),
+    ("ppo.gamma=1.01", r"ppo.gamma must be in \[0, 1\], got 1.01"),
+    ("ppo.lam_actor=-0.1", r"ppo.lam_actor must be in \[0, 1\], got -0.1"),
+    ("model.lora.dropout=1", r"model.lora.dropout must be in \[0, 1\), got 1.0"),
+    ("model.lora.r=0", "model.lora.r must be >= 1, got 0"),
+    ("optim.weight_decay=-0.01", "optim.weight_decay must be >= 0, got -0.01"),
+    ("loss.kl_coef=-1", "loss.kl_coef must be >= 0, got -1.0"),
+    ("otc.c=0", "otc.c must be > 0, got 0.0"),
+    ("rollout.vllm.gpu_memory_utilization=1.5", r"rollout.vllm.gpu_memory_utilization must be in \(0, 1\], got 1.5"),
+    ("rollout.vllm.server_group_port=70000", r"rollout.vllm.server_group_port must be in \[0, 65535\], got 70000"),
+    ("ppo.critic_lr=-1", "ppo.critic_lr must be > 0, got -1.0"),
+])  # fmt: skip
+def test_numbers_out_of_their_range_are_refused_naming_the_key(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{message}$"):
+        load_config(overrides=[override])
+
+
+def test_the_edges_of_each_range_and_null_offs_are_taken() -> None:
+    config = load_config(overrides=["seed=0", "rollout.top_p=1", "ppo.gamma=0", "ppo.value_clip=null",
+                                    "model.lora.dropout=0", "loss.entropy_coef=-0.01", "eval.temperature=0",
+                                    "rollout.vllm.server_group_port=65535"])  # fmt: skip
+    assert (config.rollout.top_p, config.ppo.value_clip, config.loss.entropy_coef) == (1.0, None, -0.01)

@@ -150,7 +150,7 @@ def test_a_restored_run_has_exactly_the_saved_state(tmp_path: Path, lora: bool) 
 
 def test_train_main_reports_bad_configs_and_missing_models(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert train_main(None, ["optim.lrr=1"], out=str(tmp_path)) == 2
-    assert "did you mean optim.'lr'" in capsys.readouterr().out
+    assert "unknown config key 'optim.lrr' (did you mean 'optim.lr'?)" in capsys.readouterr().out
     assert not (tmp_path / "metrics.jsonl").exists()
     assert train_main(None, [f"model.path={tmp_path / 'no-such-model'}"], out=str(tmp_path / "run")) == 2
     assert "is not a local directory" in capsys.readouterr().out
@@ -180,3 +180,26 @@ def test_saving_the_trained_model_draws_no_progress_bar(tmp_path: Path, capfd) -
     finally:
         (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
     assert (tmp_path / "model" / "config.json").is_file()
+
+
+def test_train_refuses_a_non_empty_directory_that_holds_no_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A person's folder as --out: the trainer's config.yaml replaced theirs, and summary.json, model/... would
+    have landed among their files. A directory the trainer wrote stays its own (resume, or start over)."""
+    missing = f"model.path={tmp_path / 'no-such-model'}"  # stops the run early, after it has set up --out
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("steps: 2\n")  # a person's own config, named as the trainer names its copy
+    (home / "notes.md").write_text("mine")
+    assert train_main(None, ["steps=1", missing], out=str(home)) == 2
+    assert (f"error: --out {home} is a non-empty directory that holds no training run (no config.yaml saved by "
+            "rl-llm train); choose a new or empty --out") in capsys.readouterr().out  # fmt: skip
+    assert sorted(path.name for path in home.iterdir()) == ["config.yaml", "notes.md"]
+    assert (home / "config.yaml").read_text() == "steps: 2\n"
+
+    run = tmp_path / "run"  # a run stopped before its first checkpoint: the trainer's config.yaml is there
+    assert train_main(None, ["steps=1", missing], out=str(run)) == 2
+    assert "is not a local directory" in capsys.readouterr().out and (run / "config.yaml").is_file()
+    (run / "view.html").write_text("<html>")  # `rl-llm view` writes into run directories too
+    assert train_main(None, ["steps=1", missing], out=str(run)) == 2
+    out = capsys.readouterr().out
+    assert "is not a local directory" in out and "holds no training run" not in out
