@@ -26,6 +26,7 @@ from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams
 from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy, TextPolicy
 from rl_llm.agents.rollout import collect, read_trajectories, write_trajectories
 from rl_llm.agents.tiny import default_tiny_model_path, tiny_model
+from rl_llm.envs.arguments import integer
 from rl_llm.urls import is_http_url
 
 LLM_BACKENDS = ("hf", "vllm", "vllm-serve", "openai")
@@ -48,6 +49,9 @@ def make_policy(spec: str, env_id: str, seed: int | None = None, **options: Any)
     ``options``: sampling settings (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``) and keyword
     arguments of the backend class (``device``, ``dtype``, ``timeout_s``, ...). ``None`` values are ignored.
     """
+    if not isinstance(spec, str):
+        raise ValueError(f"spec must be a str such as 'random' or 'hf:tiny', got {spec!r}")
+    seed = None if seed is None else integer("seed", seed)
     options = {key: value for key, value in options.items() if value is not None}
     if not is_llm_spec(spec):
         if ":" in spec:

@@ -27,6 +27,7 @@ import numpy as np
 from rich.table import Table
 
 from rl_llm.agents.policy import Policy
+from rl_llm.envs.arguments import integer
 from rl_llm.types import Trajectory
 
 # Two-sided 95% Student-t quantiles for 1..30 degrees of freedom; the normal 1.96 beyond.
@@ -64,6 +65,10 @@ def evaluate(
     ``engine_options`` go to the rollout engine (``max_new_tokens``, ``tokenizer``, ...)."""
     from rl_llm.agents.rollout import collect, write_trajectories
 
+    # Named here: a float count or seed failed inside range(), a negative seed in every env.reset, and
+    # batch_size would be reported as the engine's concurrency.
+    episodes, seed = integer("episodes", episodes), integer("seed", seed)
+    batch_size = integer("batch_size", batch_size, minimum=1)
     trajectories = collect(env, policy, list(range(seed, seed + episodes)), env_kwargs=env_kwargs,
                            concurrency=batch_size, on_trajectory=on_episode, **engine_options)  # fmt: skip
     if trajectories_out is not None:

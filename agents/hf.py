@@ -61,6 +61,9 @@ from rl_llm.agents.invariant_generation import (
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams, first_stop, named_draw_seed
 from rl_llm.agents.policy import Completion
 from rl_llm.agents.sampling import sample_tokens
+from rl_llm.envs.arguments import integer
+
+MAX_SEED = 2**64 - 1  # the largest seed torch.Generator.manual_seed takes
 
 # transformers fills every generation setting left unset from the model's own generation_config (Qwen2.5
 # Instruct ships repetition_penalty=1.05, others min_p or no_repeat_ngram_size). Pinned here to their no-op
@@ -89,6 +92,12 @@ class HFPolicy(LLMPolicy):
         before_generate: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(sampling, stop)
+        # Checked before the model loads: a batch size of 0 or 1.5 failed in range() at the first generate, a
+        # negative seed or one past 64 bits inside torch's generator.
+        max_batch_size = integer("max_batch_size", max_batch_size, minimum=1)
+        seed = None if seed is None else integer("seed", seed, maximum=MAX_SEED)
+        if isinstance(dtype, str) and not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"dtype must name a torch dtype such as 'float32' or 'bfloat16', got {dtype!r}")
         if isinstance(model, PreTrainedModel):
             self.model = model
             source = getattr(model, "name_or_path", "") or type(model).__name__

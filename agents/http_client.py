@@ -24,6 +24,7 @@ from typing import Any, NoReturn, TypeVar
 
 import httpx
 
+from rl_llm.envs.arguments import MAX_SECONDS, integer, real, seconds
 from rl_llm.errors import RLLMError
 
 T = TypeVar("T")
@@ -63,6 +64,22 @@ class ResponseTooLarge(MalformedResponse):
     """The body is larger than ``max_response_bytes`` (decoded), or its Content-Length says it is."""
 
 
+def client_options(*, timeout_s: Any = 60.0, max_retries: Any = 3, backoff_s: Any = 0.5, max_concurrency: Any = 64,
+                   max_response_bytes: Any = MAX_RESPONSE_BYTES) -> dict[str, Any]:  # fmt: skip
+    """``RetryingJSONClient``'s limits, checked (one ValueError naming the bad one) and as Python numbers.
+
+    Checked when the client is made: a NaN, zero or negative timeout made every attempt time out, 1e30
+    overflowed the socket's timeout on the first request, a float retry count failed in ``range``, a
+    concurrency of 0 made a semaphore no request ever passed."""
+    return {
+        "timeout_s": seconds("timeout_s", timeout_s),
+        "max_retries": integer("max_retries", max_retries),
+        "backoff_s": real("backoff_s", backoff_s, minimum=0.0, maximum=MAX_SECONDS),
+        "max_concurrency": integer("max_concurrency", max_concurrency, minimum=1),
+        "max_response_bytes": integer("max_response_bytes", max_response_bytes, minimum=1),
+    }
+
+
 class RetryingJSONClient:
     """POSTs JSON to ``base_url`` (see the module docstring). ``max_response_bytes``: the most a reply body may
     be, decoded; past it the reply is refused, so a misbehaving server cannot run the process out of memory."""
@@ -78,17 +95,15 @@ class RetryingJSONClient:
         max_concurrency: int = 64,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
     ) -> None:
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
-        if max_response_bytes < 1:
-            raise ValueError(f"max_response_bytes must be >= 1, got {max_response_bytes}")
+        options = client_options(timeout_s=timeout_s, max_retries=max_retries, backoff_s=backoff_s,
+                                 max_concurrency=max_concurrency, max_response_bytes=max_response_bytes)  # fmt: skip
         self.base_url = check_base_url(base_url).rstrip("/")
         self.headers = dict(headers or {})
-        self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
-        self.max_concurrency = max_concurrency
-        self.max_response_bytes = max_response_bytes
+        self.timeout_s = options["timeout_s"]
+        self.max_retries = options["max_retries"]
+        self.backoff_s = options["backoff_s"]
+        self.max_concurrency = options["max_concurrency"]
+        self.max_response_bytes = options["max_response_bytes"]
         # httpx clients and semaphores belong to the event loop they are used on.
         self._clients: dict[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, asyncio.Semaphore]] = {}
 

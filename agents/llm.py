@@ -31,6 +31,7 @@ from typing import Any
 
 from rl_llm.agents.aio import run_sync
 from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy
+from rl_llm.envs.arguments import integer, real
 from rl_llm.types import Message
 
 
@@ -42,14 +43,19 @@ class SamplingParams:
     top_k: int = 0  # 0: no top-k filtering
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        # NaN passes every `<` check and reaches the sampler (a NaN temperature makes every probability NaN), a
+        # bool or float token count reaches transformers or a server's JSON; numpy numbers become Python ones,
+        # which JSON bodies (openai, vllm-serve) can carry.
+        checked = {
+            "max_new_tokens": integer("max_new_tokens", self.max_new_tokens, minimum=1),
+            "temperature": real("temperature", self.temperature, minimum=0.0),  # 0: greedy
+            "top_p": real("top_p", self.top_p),
+            "top_k": integer("top_k", self.top_k, minimum=0),  # 0: no top-k filtering
+        }
+        if not 0.0 < checked["top_p"] <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
     @property
     def logprob_temperature(self) -> float:

@@ -32,6 +32,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from rl_llm.envs.arguments import integer, seconds
 from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.envs.spaces import UnicodeText
 
@@ -106,12 +107,16 @@ class RayEnvPool:
         spread: bool = True,
         ray_init_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        import ray
-
-        if num_workers < 1:
-            raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+        # Checked before Ray starts (and without it installed): a float count failed in range() after ray.init,
+        # a NaN timeout made every call time out and be retried as an actor failure.
+        num_workers = integer("num_workers", num_workers, minimum=1)
+        max_concurrency = integer("max_concurrency", max_concurrency, minimum=1)
+        call_timeout_s = seconds("call_timeout_s", call_timeout_s)
+        max_restarts = integer("max_restarts", max_restarts)
         if on_failure not in ("replay", "raise"):
             raise ValueError(f"on_failure must be 'replay' or 'raise', got {on_failure!r}")
+        import ray
+
         if not ray.is_initialized():
             ray.init(**(ray_init_kwargs or {}))
         resources = dict(resources_per_worker or {})

@@ -81,6 +81,7 @@ from rl_llm.agents.env_output import game_problem, reset_problem, step_problem
 from rl_llm.agents.http_client import ContextLengthExceeded
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy
 from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy, as_completion
+from rl_llm.envs.arguments import MAX_SECONDS, integer, real
 from rl_llm.envs.registration import arguments_error
 from rl_llm.types import Message, TokenRole, Trajectory, Turn
 
@@ -140,8 +141,7 @@ def collect(
     ``max_context_tokens``, ``tokenizer``). ``on_trajectory`` is called (on the engine's event-loop thread) as
     each episode ends.
     """
-    if group_size < 1:
-        raise ValueError(f"group_size must be at least 1, got {group_size}")
+    seeds, group_size = episode_seeds(seeds), integer("group_size", group_size, minimum=1)
     engine = RolloutEngine(
         policy, env, env_kwargs=env_kwargs, max_new_tokens=max_new_tokens, concurrency=concurrency, **engine_options
     )
@@ -151,6 +151,17 @@ def collect(
         for g in range(group_size)
     ]
     return engine.run(jobs, on_trajectory)
+
+
+def episode_seeds(seeds: Sequence[int | None]) -> list[int | None]:
+    """The episode seeds as a list of ints >= 0 (None: unseeded), or a ValueError naming the bad one.
+
+    Checked before any env is built: numpy refuses a negative or non-integer seed only inside ``env.reset``,
+    which would record the same error in every trajectory; numpy integers become Python ints (gymnasium
+    refuses them)."""
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Iterable):
+        raise ValueError(f"seeds must be a sequence of ints >= 0 (or None), got {seeds!r}")
+    return [None if seed is None else integer(f"seeds[{i}]", seed) for i, seed in enumerate(seeds)]
 
 
 GAME_PREFIX = "social/"
@@ -172,8 +183,9 @@ def collect_games(
     """Play ``group_size`` matches of ``game`` (``"social/prisoners_dilemma_v0"`` or the bare module name) per
     seed; one tuple of trajectories per match (one per seat), seed-major. ``players(seed, group_index)`` names
     who plays each seat (None: ``policy``); by default ``policy`` plays both (self-play)."""
-    if group_size < 1:
-        raise ValueError(f"group_size must be at least 1, got {group_size}")
+    if not isinstance(game, str):
+        raise ValueError(f"game must be a game's name such as 'prisoners_dilemma_v0', got {game!r}")
+    seeds, group_size = episode_seeds(seeds), integer("group_size", group_size, minimum=1)
     env_id = game if game.startswith(GAME_PREFIX) else GAME_PREFIX + game
     engine = RolloutEngine(
         policy, env_id, env_kwargs=env_kwargs, max_new_tokens=max_new_tokens, concurrency=concurrency, **engine_options
@@ -208,8 +220,16 @@ class RolloutEngine:
         writes goes into its ``{}``."""
         if not isinstance(policy, Policy):
             raise TypeError(f"the rollout engine plays a Policy, got {type(policy).__name__}")
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        # Checked here, not where they are used: a NaN concurrency made a semaphore no episode ever passed (a
+        # hang), a float or 0 limit reached a thread pool or a slice mid-run, and 0 meant "the default".
+        concurrency = integer("concurrency", concurrency, minimum=1)
+        max_new_tokens, env_workers, max_batch_size, max_context_tokens = (
+            None if value is None else integer(name, value, minimum=1)
+            for name, value in (("max_new_tokens", max_new_tokens), ("env_workers", env_workers),
+                                ("max_batch_size", max_batch_size), ("max_context_tokens", max_context_tokens))
+        )  # fmt: skip
+        if gather_timeout_s is not None:  # 0: send each batch at once
+            gather_timeout_s = real("gather_timeout_s", gather_timeout_s, minimum=0.0, maximum=MAX_SECONDS)
         self.policy = policy
         self.llm: LLMPolicy | None = policy if isinstance(policy, LLMPolicy) else None
         if self.llm is not None and tokenizer is not None:

@@ -45,6 +45,7 @@ from rl_llm.agents.http_client import (
     ResponseTooLarge,
     RetryingJSONClient,
     check_base_url,
+    client_options,
     get_capped,
     require,
     shown_url,
@@ -52,6 +53,7 @@ from rl_llm.agents.http_client import (
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams, named_draw_seed
 from rl_llm.agents.policy import Completion
 from rl_llm.agents.vllm_backend import _load_tokenizer, engine_arg_names, require_vllm
+from rl_llm.envs.arguments import integer
 
 logger = logging.getLogger(__name__)
 
@@ -102,19 +104,16 @@ class VLLMServerPolicy(LLMPolicy):
         seed: int | None = None,
     ) -> None:
         super().__init__(sampling, stop)
+        # Checked first: loading the tokenizer may take a while (the Hub) and the server's /v1/models is asked next.
+        self._client_options = client_options(timeout_s=timeout_s, max_retries=max_retries,
+                                              max_concurrency=max_concurrency, max_response_bytes=max_response_bytes)
         self.raw_logprobs = raw_logprobs
         # With a seed, requests that name their draw (the rollout engine's) are sent a seed of their own, as the
         # hf backend seeds them (named_draw_seed); without one the server's own sampling stream is used.
-        self.seed = seed
+        self.seed = None if seed is None else integer("seed", seed)
         self.model_name = model
         check_base_url(base_url)  # before the tokenizer, which may go to the Hub: a bad URL is said at once
         self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(model)
-        self._client_options = {
-            "timeout_s": timeout_s,
-            "max_retries": max_retries,
-            "max_concurrency": max_concurrency,
-            "max_response_bytes": max_response_bytes,
-        }
         self.server = server
         self._connect(base_url)
 

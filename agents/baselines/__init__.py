@@ -24,6 +24,7 @@ from rl_llm.agents.baselines.sql import OracleSQL, SchemaProbeSQL
 from rl_llm.agents.baselines.terminal import DoNothing, RandomCommands, TerminalOracle
 from rl_llm.agents.baselines.tictactoe import Minimax, RandomMove
 from rl_llm.agents.policy import Policy
+from rl_llm.envs.arguments import integer
 
 # env id -> baseline name -> factory(seed)
 BASELINES: dict[str, dict[str, Callable[..., Policy]]] = {
@@ -50,6 +51,9 @@ def baselines_for(env_id: str) -> list[str]:
 
 
 def make_baseline(name: str, env_id: str, seed: int | None = None) -> Policy:
+    # numpy refuses a negative or float seed deep inside default_rng, and baselines without randomness
+    # ignored it: one error here for all of them.
+    seed = None if seed is None else integer("seed", seed)
     available = BASELINES.get(env_id)
     if not available:
         raise ValueError(f"no baselines are defined for {env_id}")

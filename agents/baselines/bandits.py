@@ -12,6 +12,7 @@ import re
 import numpy as np
 
 from rl_llm.agents.policy import TextPolicy, last_user_message, system_message
+from rl_llm.envs.arguments import real
 from rl_llm.envs.bandits.base import ARM_LABELS, ucb1_choice
 from rl_llm.envs.bandits.contextual_bandit import LinUCB
 from rl_llm.types import Message
@@ -81,7 +82,7 @@ class EpsilonGreedy(BanditPolicy):
 
     def __init__(self, epsilon: float = 0.1, seed: int | None = None) -> None:
         super().__init__(seed)
-        self.epsilon = epsilon
+        self.epsilon = real("epsilon", epsilon, minimum=0.0, maximum=1.0)  # a probability: NaN never explored
 
     def choose(self, counts: np.ndarray, sums: np.ndarray, system_prompt: str) -> int:
         untried = np.flatnonzero(counts == 0)
@@ -99,7 +100,7 @@ class UCB1(BanditPolicy):
 
     def __init__(self, c: float = 0.5, seed: int | None = None) -> None:
         super().__init__(seed)
-        self.c = c
+        self.c = real("c", c, minimum=0.0)  # a NaN bonus made every arm's score NaN
 
     def choose(self, counts: np.ndarray, sums: np.ndarray, system_prompt: str) -> int:
         return self.pick(ucb1_choice(counts, sums, self.c))
@@ -129,7 +130,7 @@ class LinUCBAgent(TextPolicy):
     name = "linucb"
 
     def __init__(self, alpha: float = 1.0, seed: int | None = None) -> None:
-        self.alpha = alpha
+        self.alpha = real("alpha", alpha, minimum=0.0)  # a NaN bonus made every arm's score NaN
         self.rng = np.random.default_rng(seed)
 
     def respond(self, conversation: list[Message]) -> str:

@@ -12,6 +12,7 @@ import numpy as np
 
 from rl_llm.agents.baselines.search import ScriptedOracle
 from rl_llm.agents.policy import TextPolicy
+from rl_llm.envs.arguments import real
 from rl_llm.types import Message
 
 DONE = "<action>done</action>"
@@ -63,7 +64,7 @@ class RandomCommands(TextPolicy):
 
     def __init__(self, seed: int | None = None, p_done: float = 0.1) -> None:
         self.rng = np.random.default_rng(seed)
-        self.p_done = p_done
+        self.p_done = real("p_done", p_done, minimum=0.0, maximum=1.0)  # a probability
 
     def respond(self, conversation: list[Message]) -> str:
         if self.rng.random() < self.p_done:
