@@ -13,10 +13,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 import gymnasium as gym
 import httpx
 
+from rl_llm.console import checked_count, checked_seconds
 from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.envs.spaces import UnicodeText
 from rl_llm.errors import RLLMError
@@ -50,8 +52,11 @@ class EnvClient:
 
     def __init__(self, base_url: str, timeout: float = 120.0, transport: httpx.BaseTransport | None = None,
                  busy_retries: int = 3) -> None:  # fmt: skip
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport)
-        self.busy_retries = busy_retries
+        # Checked here, not at the first request: a NaN or infinite timeout failed there as a bare ValueError or
+        # OverflowError, busy_retries=-1 as UnboundLocalError, and a URL without http:// as "unreachable".
+        url = _checked_url(base_url)
+        self._http = httpx.Client(base_url=url, timeout=checked_seconds("timeout", timeout), transport=transport)
+        self.busy_retries = checked_count("busy_retries", busy_retries, 0)
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None, sessions: Sequence[str] = ()) -> Any:
         for attempt in range(self.busy_retries + 1):
@@ -71,7 +76,11 @@ class EnvClient:
             except ValueError:
                 detail = response.text
             raise EnvServerError(response.status_code, detail)
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:  # not an env server there (a web page, a proxy's reply)
+            raise EnvServerError(response.status_code, f"{method} {path} answered non-JSON {response.text[:200]!r}; "
+                                 f"is {self._http.base_url} an rl-llm env server?") from None  # fmt: skip
 
     # -- sessions ---------------------------------------------------------------------------------------------
     def create(self, env_id: str, count: int = 1, **kwargs: Any) -> list[str]:
@@ -81,25 +90,27 @@ class EnvClient:
         return RemoteEnv(self, self.create(env_id, **kwargs)[0])
 
     def reset(self, session_id: str, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        result = self._request("POST", f"/sessions/{session_id}/reset", {"seed": seed, "options": options}, [session_id])
+        result = self._request("POST", f"/sessions/{_segment(session_id)}/reset", {"seed": seed, "options": options}, [session_id])
         return result["observation"], result["info"]
 
     def step(self, session_id: str, action: str) -> StepResult:
-        return _step_tuple(self._request("POST", f"/sessions/{session_id}/step", {"action": action}, [session_id]))
+        return _step_tuple(self._request("POST", f"/sessions/{_segment(session_id)}/step", {"action": action}, [session_id]))
 
     def close_session(self, session_id: str) -> None:
-        self._request("DELETE", f"/sessions/{session_id}", sessions=[session_id])
+        self._request("DELETE", f"/sessions/{_segment(session_id)}", sessions=[session_id])
 
     # -- batches ----------------------------------------------------------------------------------------------
     def reset_batch(
         self, session_ids: Sequence[str], seeds: Sequence[int | None], options: Sequence[dict[str, Any] | None] | None = None
     ) -> list[tuple[str, dict[str, Any]] | EnvServerError]:
         options = options if options is not None else [None] * len(session_ids)
+        _same_length(session_ids, seeds=seeds, options=options)
         items = [{"session_id": s, "seed": seed, "options": o} for s, seed, o in zip(session_ids, seeds, options, strict=True)]
         results = self._request("POST", "/batch/reset", {"items": items}, session_ids)["results"]
         return [_item_error(r) or (r["observation"], r["info"]) for r in results]
 
     def step_batch(self, session_ids: Sequence[str], actions: Sequence[str]) -> list[StepResult | EnvServerError]:
+        _same_length(session_ids, actions=actions)
         items = [{"session_id": s, "action": a} for s, a in zip(session_ids, actions, strict=True)]
         results = self._request("POST", "/batch/step", {"items": items}, session_ids)["results"]
         return [_item_error(r) or _step_tuple(r) for r in results]
@@ -119,6 +130,30 @@ class EnvClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _checked_url(base_url: Any) -> httpx.URL:
+    """The server's ``http://`` or ``https://`` URL, or a ValueError naming ``base_url``."""
+    try:
+        url = httpx.URL(base_url)
+    except (TypeError, httpx.InvalidURL) as error:
+        raise ValueError(f"base_url must be the server's http:// URL, got {base_url!r} ({error})") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"base_url must be the server's http:// URL, such as http://127.0.0.1:8000, got {base_url!r}")
+    return url
+
+
+def _segment(session_id: Any) -> str:
+    """``session_id`` as one path segment: a "/" or "?" in it reached another endpoint or a non-JSON reply."""
+    if not isinstance(session_id, str) or not session_id:
+        raise ValueError(f"session_id must be a non-empty string, got {session_id!r}")
+    return quote(session_id, safe="")
+
+
+def _same_length(session_ids: Sequence[str], **columns: Sequence[Any]) -> None:
+    for name, column in columns.items():
+        if len(column) != len(session_ids):
+            raise ValueError(f"{name} has {len(column)} items for {len(session_ids)} session_ids; give one each")
 
 
 def _seconds(retry_after: str) -> float:

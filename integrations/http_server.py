@@ -51,7 +51,15 @@ from fastapi import FastAPI, HTTPException, WebSocket
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rl_llm.console import ArgumentParser
+from rl_llm.console import (
+    ArgumentParser,
+    checked_count,
+    checked_seconds,
+    count_flag,
+    host_flag,
+    port_flag,
+    seconds_flag,
+)
 from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.envs.registration import env_ids
 from rl_llm.integrations.fast_routes import (
@@ -160,6 +168,21 @@ class ServerConfig:
     fast_routes: bool = True
     # Request bodies past this are answered 413 and never held whole (fast_routes.BodyLimit).
     max_body_bytes: int = MAX_BODY_BYTES
+
+    def __post_init__(self) -> None:
+        # Checked here, not where used: max_sessions=0 or a NaN step timeout made a server that refused or timed
+        # out every request, a NaN session_ttl_s one that never reaped, max_workers=0 a ThreadPoolExecutor error.
+        for name in ("max_sessions", "max_workers", "max_queued", "max_body_bytes"):
+            checked_count(name, getattr(self, name))
+        for name in ("step_timeout_s", "create_timeout_s", "session_ttl_s", "reap_interval_s"):
+            setattr(self, name, checked_seconds(name, getattr(self, name)))
+        self.inline_budget_s = checked_seconds("inline_budget_s", self.inline_budget_s, allow_zero=True)
+        if self.allowed_env_ids is not None:
+            # a plain string was searched as text: "rl" counted as allowed inside "rl-llm/TicTacToe-v0"
+            ids = self.allowed_env_ids
+            if isinstance(ids, str) or not all(isinstance(env_id, str) for env_id in ids):
+                raise ValueError(f"allowed_env_ids must be a set of env id strings (or None for all), got {ids!r}")
+            self.allowed_env_ids = frozenset(ids)
 
 
 @dataclass
@@ -561,12 +584,12 @@ class BackgroundServer:
 
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(description="Serve rl-llm environments over HTTP.")
-    parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--env", action="append", dest="envs", help="env id to serve (repeatable; default: all)")
+    add_address_flags(parser)
+    parser.add_argument("--env", action="append", dest="envs", type=env_id_flag,
+                        help="env id to serve (repeatable; default: all)")
     defaults = ServerConfig()
     for name in ("max_sessions", "step_timeout_s", "session_ttl_s", "max_workers"):
-        kind = type(getattr(defaults, name))
+        kind = seconds_flag() if name.endswith("_s") else count_flag()
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=getattr(defaults, name))
     add_web_server_flags(parser)
     args = parser.parse_args(argv)
@@ -579,6 +602,20 @@ def main(argv: list[str] | None = None) -> None:
         max_body_bytes=max_body_bytes(args),
     )
     run_web_server(EnvServer(config).app, args)
+
+
+def add_address_flags(parser: argparse.ArgumentParser) -> None:
+    """``--host`` and ``--port``, checked as parsed: uvicorn bound port 70000 as 4464 (modulo 65536) and met a
+    bad host with a traceback."""
+    parser.add_argument("--host", type=host_flag, default="127.0.0.1", help="bind address (default: loopback only)")
+    parser.add_argument("--port", type=port_flag, default=8000, help="TCP port, 0 to 65535 (0: any free one)")
+
+
+def env_id_flag(env_id: str) -> str:
+    """A registered env id: an unknown one was served anyway, every session of it refused."""
+    if env_id not in env_ids():
+        raise argparse.ArgumentTypeError(f"unknown env id {env_id!r}; choose from {env_ids()}")
+    return env_id
 
 
 def add_web_server_flags(parser: argparse.ArgumentParser) -> None:

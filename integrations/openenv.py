@@ -47,7 +47,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +58,7 @@ from openenv.core.env_server.types import Action, EnvironmentMetadata, Observati
 from pydantic import Field
 from pydantic_core import to_json
 
-from rl_llm.console import ArgumentParser
+from rl_llm.console import ArgumentParser, checked_count, checked_seconds, count_flag, seconds_flag
 from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.integrations.fast_routes import (
     MAX_BODY_BYTES,
@@ -156,7 +156,9 @@ class EpisodeStore:
     """
 
     def __init__(self, max_episodes: int = 256, ttl_s: float = 600.0) -> None:
-        self.max_episodes, self.ttl_s = max_episodes, ttl_s
+        # 0 evicted every episode as it began (each step a 404); a NaN TTL never expired one
+        self.max_episodes = checked_count("max_episodes", max_episodes)
+        self.ttl_s = checked_seconds("episode_ttl_s", ttl_s)
         self._episodes: OrderedDict[str, Episode] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -395,8 +397,14 @@ def create_openenv_app(env_id: str, env_kwargs: dict[str, Any] | None = None, ma
     ``fast_path=False`` leaves every request to openenv-core's routes)."""
     from openenv.core.env_server.http_server import create_app
 
-    make_env(env_id, **dict(env_kwargs or {})).close()
+    # Checked before the env is built and openenv-core is set up: max_sessions=0 failed there as a pydantic
+    # traceback; a list of kwargs as "dictionary update sequence element #0 ...".
+    if env_kwargs is not None and not isinstance(env_kwargs, Mapping):
+        raise ValueError(f"env_kwargs must be a dict of the env's keyword arguments, got {type(env_kwargs).__name__}")
+    checked_count("max_sessions", max_sessions)
+    checked_count("max_body_bytes", max_body_bytes)
     store = EpisodeStore(max_episodes, episode_ttl_s)
+    make_env(env_id, **dict(env_kwargs or {})).close()
     factory = environment_factory(env_id, env_kwargs, store)
     app = create_app(factory, RLLMAction, RLLMObservation, env_name=env_id, max_concurrent_envs=max_sessions)
     app.router.on_shutdown.append(store.close)
@@ -449,7 +457,12 @@ def parse_kwargs(pairs: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from rl_llm.integrations.http_server import add_web_server_flags, max_body_bytes, run_web_server
+    from rl_llm.integrations.http_server import (
+        add_address_flags,
+        add_web_server_flags,
+        max_body_bytes,
+        run_web_server,
+    )
 
     parser = ArgumentParser(description="Serve one rl-llm environment with OpenEnv's server.")
     parser.add_argument(
@@ -458,13 +471,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "-k", "--kwarg", action="append", default=[], help="env keyword argument key=value (repeatable)"
     )
-    parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--max-sessions", type=int, default=64, help="concurrent WebSocket sessions")
+    add_address_flags(parser)
+    parser.add_argument("--max-sessions", type=count_flag(), default=64, help="concurrent WebSocket sessions")
     parser.add_argument(
-        "--episode-ttl-s", type=float, default=600.0, help="idle life of a plain-HTTP episode"
+        "--episode-ttl-s", type=seconds_flag(), default=600.0, help="idle life of a plain-HTTP episode"
     )
-    parser.add_argument("--max-episodes", type=int, default=256, help="plain-HTTP episodes kept at once")
+    parser.add_argument("--max-episodes", type=count_flag(), default=256, help="plain-HTTP episodes kept at once")
     add_web_server_flags(parser)
     args = parser.parse_args(argv)
     try:

@@ -16,6 +16,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from rl_llm.console import checked_count
 from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.envs.spaces import UnicodeText
 from rl_llm.types import Message
@@ -64,6 +65,8 @@ class SocialSeat(gym.Env[str, str]):
         check_env_kwargs(SOCIAL_PREFIX + game, game_kwargs, also_takes=("seat", "opponent", "opponent_seed"))
         if seat not in SEATS:
             raise ValueError(f"seat must be one of {SEATS}, got {seat!r}")
+        if opponent_seed is not None:  # a float or NaN seeded the opponent without a word
+            checked_count("opponent_seed", opponent_seed, 0)
         self.game_name, self.seat = game, seat
         self.other = SEATS[1 - SEATS.index(seat)]
         self.game = module.parallel_env(**game_kwargs)

@@ -35,7 +35,8 @@ from typing import Any
 
 import gymnasium as gym
 
-from rl_llm.integrations.generic import MessageEnv, parse_task
+from rl_llm.console import checked_count
+from rl_llm.integrations.generic import MessageEnv, checked_mapping, checked_seeds, parse_task
 from rl_llm.types import TokenRole, Trajectory
 
 TASK_KEY = "rl_llm_task"
@@ -45,12 +46,13 @@ def make_trl_dataset(env_factory: Callable[[], gym.Env], seeds: Iterable[int], o
     """A ``datasets.Dataset`` with one ``prompt`` (the env's opening messages) per seed."""
     from datasets import Dataset
 
+    seeds, options = checked_seeds(seeds), checked_mapping("options", options)
     env = MessageEnv(env_factory())
     rows = []
     try:
         for seed in seeds:
-            task = json.dumps({"seed": int(seed), "options": dict(options or {})})
-            messages = [m for m in env.reset({"seed": int(seed), "options": dict(options or {})}) if m["content"]]
+            task = json.dumps({"seed": seed, "options": options})
+            messages = [m for m in env.reset({"seed": seed, "options": options}) if m["content"]]
             rows.append({"prompt": [{**message, TASK_KEY: task} for message in messages]})
     finally:
         env.close()
@@ -90,7 +92,8 @@ class EnvRollout:
 
     def __init__(self, env_factory: Callable[[], gym.Env], max_new_tokens: int = 64, **engine_options: Any) -> None:
         self.env_factory = env_factory
-        self.max_new_tokens = max_new_tokens
+        # 0 or NaN reached the model's generate at the first batch, deep in the trainer
+        self.max_new_tokens = checked_count("max_new_tokens", max_new_tokens)
         self.engine_options = engine_options
         self.failed = 0
         self.last_trajectories: list[Trajectory] = []  # the latest batch, for logging and inspection

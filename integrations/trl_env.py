@@ -29,7 +29,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
-from rl_llm.integrations.generic import MessageEnv, parse_task
+from rl_llm.integrations.generic import MessageEnv, checked_mapping, checked_seeds, parse_task
 
 TASK_KEY = "rl_llm_task"
 ENDED = "The episode is over; no more tool calls are needed."
@@ -214,9 +214,10 @@ def make_tool_dataset(seeds: Iterable[int], options: Mapping[str, Any] | None = 
     """A ``datasets.Dataset`` with a ``prompt`` (``reset`` appends the task) and ``rl_llm_task`` per seed."""
     from datasets import Dataset
 
+    options = checked_mapping("options", options)
     rows = [
         {"prompt": [{"role": "user", "content": instruction + "\n\n"}],
-         TASK_KEY: json.dumps({"seed": int(seed), "options": dict(options or {})})}
-        for seed in seeds
+         TASK_KEY: json.dumps({"seed": seed, "options": options})}
+        for seed in checked_seeds(seeds)
     ]  # fmt: skip
     return Dataset.from_list(rows)

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rl_llm.integrations.generic import EnvFactory, MessageEnv, TaskSpec
+from rl_llm.integrations.generic import EnvFactory, MessageEnv, TaskSpec, checked_mapping, checked_seeds
 
 AGENT_NAME = "rl_llm_env"
 TASK_FIELD = "rl_llm"
@@ -41,17 +41,19 @@ def verl_rows(
     env_id: str, seeds: Iterable[int], env_kwargs: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None
 ) -> list[dict[str, Any]]:
     """Dataset rows for verl's ``RLHFDataset``: the env's opening messages as ``prompt`` plus the task."""
-    env = MessageEnv(EnvFactory(env_id, **dict(env_kwargs or {})))
+    env_kwargs, options = checked_mapping("env_kwargs", env_kwargs), checked_mapping("options", options)
+    seeds = checked_seeds(seeds)
+    env = MessageEnv(EnvFactory(env_id, **env_kwargs))
     rows = []
     try:
         for index, seed in enumerate(seeds):
-            messages = env.reset({"seed": int(seed), "options": dict(options or {})})
+            messages = env.reset({"seed": seed, "options": options})
             rows.append({
                 "data_source": env_id,
                 "prompt": [m for m in messages if m["content"]],
                 "agent_name": AGENT_NAME,
                 "reward_model": {"style": "env", "ground_truth": ""},
-                "extra_info": {"index": index, TASK_FIELD: task_json(env_id, int(seed), env_kwargs, options)},
+                "extra_info": {"index": index, TASK_FIELD: task_json(env_id, seed, env_kwargs, options)},
             })  # fmt: skip
     finally:
         env.close()

@@ -22,7 +22,17 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from rl_llm.console import ArgumentParser
+from rl_llm.console import (
+    ArgumentParser,
+    checked_count,
+    checked_host,
+    checked_port,
+    checked_seconds,
+    count_flag,
+    host_flag,
+    port_flag,
+    seconds_flag,
+)
 from rl_llm.envs.retrieval.base import Hit, Retriever
 
 MAX_BODY_BYTES = 8 << 20
@@ -209,8 +219,15 @@ class RetrieverServer:
 
     def __init__(self, retriever: Retriever, *, host: str = "127.0.0.1", port: int = 0, default_k: int = 3,
                  max_batch: int = 256, max_wait_s: float = 0.002, idle_timeout_s: float = 60.0) -> None:  # fmt: skip
-        if not idle_timeout_s > 0:
-            raise ValueError(f"idle_timeout_s must be a positive number of seconds, got {idle_timeout_s!r}")
+        # Checked before binding: a negative or NaN max_wait_s killed the batcher thread (every request then
+        # waited SEARCH_TIMEOUT_S), default_k=0 refused every request without a topk, an infinite idle timeout
+        # overflowed socket.settimeout per connection, and a port past 65535 was an OverflowError from bind().
+        checked_host("host", host)
+        checked_port("port", port)
+        checked_count("default_k", default_k, 1, MAX_TOPK)
+        checked_count("max_batch", max_batch)
+        max_wait_s = checked_seconds("max_wait_s", max_wait_s, allow_zero=True)
+        idle_timeout_s = checked_seconds("idle_timeout_s", idle_timeout_s)
         self._server = _Server((host, port), _Handler)
         self._server.idle_timeout_s = idle_timeout_s
         self._server.batcher = _Batcher(retriever, max_batch, max_wait_s)
@@ -257,16 +274,15 @@ def main(argv: list[str] | None = None) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--corpus", help='JSONL corpus with {"id","title","text"} lines')
     source.add_argument("--bundled", action="store_true", help="the bundled generated knowledge base")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the bundled knowledge base")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--topk", type=int, default=3)
-    parser.add_argument("--idle-timeout", type=float, default=60.0,
+    parser.add_argument("--seed", type=count_flag(0), default=0, help="seed of the bundled knowledge base")
+    parser.add_argument("--host", type=host_flag, default="127.0.0.1")
+    parser.add_argument("--port", type=port_flag, default=8000, help="TCP port, 0 to 65535 (0: any free one)")
+    parser.add_argument("--topk", type=count_flag(1, MAX_TOPK), default=3,
+                        help=f"passages per query when a request names no topk (1 to {MAX_TOPK})")
+    parser.add_argument("--idle-timeout", type=seconds_flag(), default=60.0,
                         help="seconds a connection may stay quiet (mid-request or between requests) before it is closed")
     parser.add_argument("--cache-dir", default=None, help="index cache (default: $RL_LLM_CACHE/indexes or ~/.cache/rl-llm/indexes)")
     args = parser.parse_args(argv)
-    if not args.idle_timeout > 0:
-        parser.error(f"--idle-timeout takes a positive number of seconds, got {args.idle_timeout:g}")
     passages = bundled_kb(args.seed).passages if args.bundled else load_corpus(args.corpus)
     cache_dir = args.cache_dir or package_cache_dir() / "indexes"
     server = RetrieverServer(BM25Retriever(passages, cache_dir=cache_dir), host=args.host, port=args.port,

@@ -274,3 +274,42 @@ def test_a_malformed_retriever_reply_is_reported_to_the_agent_not_raised(body, n
     finally:
         env.close()
         stub.close()
+
+
+RETRIEVER = "rl_llm.envs.retrieval.server"
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--port", "70000", "must be a whole number from 0 to 65535"), ("--host", "bad host", "'bad host' is not a host name"),
+    ("--topk", "0", "must be a whole number from 1 to 100"), ("--topk", "1000", "must be a whole number from 1 to 100"),
+    ("--idle-timeout", "inf", "must be a positive number of seconds"), ("--idle-timeout", "1e30", "must be a positive"),
+    ("--seed", "-1", "must be a whole number at least 0"),
+])  # fmt: skip
+def test_the_servers_bad_flags_exit_2_with_one_line_naming_the_flag(flag: str, value: str, message: str) -> None:
+    """Before, --topk 0 served and refused every request without a topk, --idle-timeout inf overflowed on every
+    connection, --port 70000 and --seed -1 were tracebacks."""
+    result = subprocess.run([sys.executable, "-m", RETRIEVER, "--bundled", f"{flag}={value}"], capture_output=True,
+                            text=True, timeout=30)  # fmt: skip
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"error: argument {flag}: {message}" in errors[0]
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("default_k", 0), ("default_k", 101), ("default_k", True), ("max_batch", 0), ("max_wait_s", -1.0),
+    ("max_wait_s", float("nan")), ("idle_timeout_s", float("inf")), ("idle_timeout_s", 1e30), ("port", 70000),
+    ("port", -1), ("host", "bad host"), ("host", ""),
+])  # fmt: skip
+def test_the_constructor_refuses_a_bad_setting_naming_it(retriever, name: str, value: object) -> None:
+    """A negative or NaN max_wait_s killed the batcher thread: every request then waited 300 s."""
+    with pytest.raises(ValueError, match=f"^{name} "):
+        RetrieverServer(retriever, **{name: value})
+
+
+def test_edge_settings_serve(retriever) -> None:
+    with RetrieverServer(retriever, host="localhost", default_k=100, max_batch=1, max_wait_s=0) as server:
+        title = bundled_kb().passages[0].title
+        with RetrieverClient(server.url) as client:
+            assert client.search(title, 1) == retriever.search(title, 1)
+        with httpx.Client() as http:  # no topk: default_k, the largest allowed
+            assert len(http.post(server.url + "/retrieve", json={"queries": [title]}).json()["result"][0]) > 3
