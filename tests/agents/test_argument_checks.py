@@ -9,7 +9,6 @@ numpy numbers are taken (and become Python numbers, which JSON bodies and gymnas
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 from typing import Any
@@ -231,14 +230,3 @@ def test_ray_pool_refuses_before_ray_starts(name: str, value: Any) -> None:
 
     with pytest.raises(ValueError, match=rf"^{name} must be .*got {re.escape(repr(value))}$"):
         RayEnvPool(lambda: None, **{name: value})
-
-
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
-def test_ray_pool_valid_sizes() -> None:
-    import gymnasium as gym
-
-    from rl_llm.agents.ray_pool import RayEnvPool
-
-    with RayEnvPool(lambda: gym.make(BANDIT), num_workers=np.int64(1), max_concurrency=1, call_timeout_s=60.0,
-                    max_restarts=0, ray_init_kwargs={"num_cpus": 1}) as pool:  # fmt: skip
-        assert (pool.max_restarts, len(pool.actors)) == (0, 1)

@@ -136,6 +136,12 @@ def test_pool_validates_its_arguments() -> None:
         RayEnvPool(BANDIT, num_workers=0)
     with pytest.raises(ValueError, match="on_failure"):
         RayEnvPool(BANDIT, on_failure="ignore")
+    # numpy counts and the smallest valid sizes are taken (the bad ones: tests/agents/test_argument_checks.py)
+    import numpy as np
+
+    with RayEnvPool(BANDIT, num_workers=np.int64(1), max_concurrency=1, call_timeout_s=60.0, max_restarts=0,
+                    resources_per_worker=HALF_CPU) as pool:  # fmt: skip
+        assert (pool.max_restarts, len(pool.actors)) == (0, 1)
 
 
 # -- the rollout engine uses the pool as its env factory, unchanged ------------------------------------------
