@@ -26,7 +26,7 @@ from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams
 from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy, TextPolicy
 from rl_llm.agents.rollout import collect, read_trajectories, write_trajectories
 from rl_llm.agents.tiny import default_tiny_model_path, tiny_model
-from rl_llm.envs.arguments import integer
+from rl_llm.checks import integer
 from rl_llm.urls import is_http_url
 
 LLM_BACKENDS = ("hf", "vllm", "vllm-serve", "openai")

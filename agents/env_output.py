@@ -14,8 +14,18 @@ from collections.abc import Iterable, Mapping
 from numbers import Real
 from typing import Any
 
+# Exact types first: ``isinstance(x, Real)`` is an ABC check, and the engine runs these on every env step.
+_FLOAT_TYPES = frozenset({float, int})
+
+
+def _numbers(values: Iterable[Any]) -> bool:
+    """Whether every value is a real number (bools and numpy numbers count)."""
+    return all(type(value) in _FLOAT_TYPES or isinstance(value, Real) for value in values)
+
 
 def _reward_problem(reward: Any, who: str = "") -> str | None:
+    if type(reward) is float:
+        return None if math.isfinite(reward) else f"a reward{who} of {reward} (rewards must be finite)"
     if not isinstance(reward, Real):
         return f"a reward{who} that is not a number: {reward!r}"[:200]
     if not math.isfinite(reward):
@@ -26,11 +36,11 @@ def _reward_problem(reward: Any, who: str = "") -> str | None:
 def _text_problem(observation: Any, info: Any, who: str = "") -> str | None:
     if not isinstance(observation, str):
         return f"an observation{who} that is not text: {type(observation).__name__}"
-    if not isinstance(info, Mapping):
+    if type(info) is not dict and not isinstance(info, Mapping):
         return f"an info{who} that is not a dict: {type(info).__name__}"
     for key in ("metrics", "reward_components"):  # recorded as floats
         numbers = info.get(key, {})
-        if not isinstance(numbers, Mapping) or not all(isinstance(v, Real) for v in numbers.values()):
+        if not (type(numbers) is dict or isinstance(numbers, Mapping)) or not _numbers(numbers.values()):
             return f"an info[{key!r}]{who} that is not a dict of numbers: {numbers!r}"[:200]
     return None
 

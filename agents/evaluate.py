@@ -27,7 +27,7 @@ import numpy as np
 from rich.table import Table
 
 from rl_llm.agents.policy import Policy
-from rl_llm.envs.arguments import integer
+from rl_llm.checks import integer
 from rl_llm.types import Trajectory
 
 # Two-sided 95% Student-t quantiles for 1..30 degrees of freedom; the normal 1.96 beyond.

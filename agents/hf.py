@@ -61,7 +61,7 @@ from rl_llm.agents.invariant_generation import (
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams, first_stop, named_draw_seed
 from rl_llm.agents.policy import Completion
 from rl_llm.agents.sampling import sample_tokens
-from rl_llm.envs.arguments import integer
+from rl_llm.checks import integer
 
 MAX_SEED = 2**64 - 1  # the largest seed torch.Generator.manual_seed takes
 

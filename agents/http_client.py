@@ -24,7 +24,7 @@ from typing import Any, NoReturn, TypeVar
 
 import httpx
 
-from rl_llm.envs.arguments import MAX_SECONDS, integer, real, seconds
+from rl_llm.checks import MAX_SECONDS, integer, real, seconds
 from rl_llm.errors import RLLMError
 
 T = TypeVar("T")

@@ -31,7 +31,7 @@ from typing import Any
 
 from rl_llm.agents.aio import run_sync
 from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy
-from rl_llm.envs.arguments import integer, real
+from rl_llm.checks import integer, real
 from rl_llm.types import Message
 
 

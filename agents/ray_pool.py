@@ -32,7 +32,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from rl_llm.envs.arguments import integer, seconds
+from rl_llm.checks import integer, seconds
 from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.envs.spaces import UnicodeText
 

@@ -81,7 +81,7 @@ from rl_llm.agents.env_output import game_problem, reset_problem, step_problem
 from rl_llm.agents.http_client import ContextLengthExceeded
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy
 from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy, as_completion
-from rl_llm.envs.arguments import MAX_SECONDS, integer, real
+from rl_llm.checks import MAX_SECONDS, integer, real, seed_list
 from rl_llm.envs.registration import arguments_error
 from rl_llm.types import Message, TokenRole, Trajectory, Turn
 
@@ -141,7 +141,7 @@ def collect(
     ``max_context_tokens``, ``tokenizer``). ``on_trajectory`` is called (on the engine's event-loop thread) as
     each episode ends.
     """
-    seeds, group_size = episode_seeds(seeds), integer("group_size", group_size, minimum=1)
+    seeds, group_size = seed_list(seeds, allow_none=True), integer("group_size", group_size, minimum=1)
     engine = RolloutEngine(
         policy, env, env_kwargs=env_kwargs, max_new_tokens=max_new_tokens, concurrency=concurrency, **engine_options
     )
@@ -151,17 +151,6 @@ def collect(
         for g in range(group_size)
     ]
     return engine.run(jobs, on_trajectory)
-
-
-def episode_seeds(seeds: Sequence[int | None]) -> list[int | None]:
-    """The episode seeds as a list of ints >= 0 (None: unseeded), or a ValueError naming the bad one.
-
-    Checked before any env is built: numpy refuses a negative or non-integer seed only inside ``env.reset``,
-    which would record the same error in every trajectory; numpy integers become Python ints (gymnasium
-    refuses them)."""
-    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Iterable):
-        raise ValueError(f"seeds must be a sequence of ints >= 0 (or None), got {seeds!r}")
-    return [None if seed is None else integer(f"seeds[{i}]", seed) for i, seed in enumerate(seeds)]
 
 
 GAME_PREFIX = "social/"
@@ -185,7 +174,7 @@ def collect_games(
     who plays each seat (None: ``policy``); by default ``policy`` plays both (self-play)."""
     if not isinstance(game, str):
         raise ValueError(f"game must be a game's name such as 'prisoners_dilemma_v0', got {game!r}")
-    seeds, group_size = episode_seeds(seeds), integer("group_size", group_size, minimum=1)
+    seeds, group_size = seed_list(seeds, allow_none=True), integer("group_size", group_size, minimum=1)
     env_id = game if game.startswith(GAME_PREFIX) else GAME_PREFIX + game
     engine = RolloutEngine(
         policy, env_id, env_kwargs=env_kwargs, max_new_tokens=max_new_tokens, concurrency=concurrency, **engine_options

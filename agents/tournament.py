@@ -30,7 +30,7 @@ from rl_llm.agents.baselines.social import SOCIAL_BASELINES
 from rl_llm.agents.evaluate import mean_ci95
 from rl_llm.agents.llm import LLMEpisode, LLMPolicy
 from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy, as_completion
-from rl_llm.agents.rollout import episode_seeds
+from rl_llm.checks import seed_list
 from rl_llm.envs.registration import arguments_error
 from rl_llm.envs.social import load
 from rl_llm.envs.social.base import AGENTS
@@ -125,7 +125,7 @@ def play_matches(
     naming the player), so a stateful agent never depends on the order of the matches; an LLM policy answers
     the requests of all matches waiting on it as one batch.
     """
-    seeds = episode_seeds(seeds)  # numpy refused a negative seed inside the first env.reset
+    seeds = seed_list(seeds, allow_none=True)  # numpy refused a negative seed inside the first env.reset
     module = load(game)
     try:
         envs = [module.env(**dict(env_kwargs or {})) for _ in seeds]
@@ -209,7 +209,7 @@ def run_tournament(
     responses for exploitability (default: every baseline of the game). Every match uses ``env_kwargs``.
     """
     load(game)  # a clear error for an unknown game before anything runs
-    seeds = episode_seeds(seeds)
+    seeds = seed_list(seeds, allow_none=True)
     if not isinstance(agents, Mapping):
         agents = {name: make_baseline(name, game, seed=_seed_for(game, name, *seeds)) for name in agents}
     if len(agents) < 1:

@@ -53,7 +53,7 @@ from rl_llm.agents.http_client import (
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams, named_draw_seed
 from rl_llm.agents.policy import Completion
 from rl_llm.agents.vllm_backend import _load_tokenizer, engine_arg_names, require_vllm
-from rl_llm.envs.arguments import integer
+from rl_llm.checks import integer
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import numpy as np
 
-from rl_llm.envs import arguments
+from rl_llm import checks
 from rl_llm.envs.spaces import UnicodeText
 
 # Upper bound on one action or observation, in characters. Long enough for any real LLM turn; the
@@ -63,7 +63,7 @@ class TextEnv(gym.Env[str, str]):
 
     def __init__(self, *, max_turns: int, render_mode: str | None = None) -> None:
         # NaN, inf and 2.5 too: no turn count reaches the first two (an episode that never ends)
-        max_turns = arguments.integer("max_turns", max_turns, minimum=1)
+        max_turns = checks.integer("max_turns", max_turns, minimum=1)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.max_turns = max_turns

@@ -16,6 +16,11 @@ from typing import Any
 _DECIMAL_DIGIT = re.compile(r"\d")
 # The full-width forms of ASCII (U+FF01..U+FF5E, NFKC's mapping), so "１，２３４．５" reads as "1,234.5".
 _FULL_WIDTH = {code: code - 0xFEE0 for code in range(0xFF01, 0xFF5F)}
+# Characters written for a minus sign, for ``str.translate`` to "-": with only U+2212 mapped, "\u20134" (an en
+# dash) lost its sign and was graded as 4.
+MINUS_SIGNS = str.maketrans(dict.fromkeys(
+    "\u2010\u2011\u2012\u2013\u2014\u2015\u2212\u207b\u208b\ufe58\ufe63\uff0d", "-"
+))  # fmt: skip
 
 
 def ascii_digits(text: str) -> str:

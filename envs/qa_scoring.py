@@ -9,7 +9,7 @@ import string
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from rl_llm.envs.parsing import ascii_digits
+from rl_llm.envs.parsing import MINUS_SIGNS, ascii_digits
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
@@ -70,9 +70,10 @@ def f1_score(prediction: str, answers: Iterable[str]) -> float:
 
 
 def parse_number(text: str) -> float | None:
-    """A number written alone, else None: digits of any script, thousands separators (``,``, ``_`` or a
-    space between groups of three digits), surrounding spaces and a trailing period allowed."""
-    cleaned = ascii_digits(text.strip().rstrip(".").rstrip())
+    """A number written alone, else None: digits of any script, any minus sign (``\u22124`` is -4, as in Math),
+    thousands separators (``,``, ``_`` or a space between groups of three digits), surrounding spaces and a
+    trailing period allowed."""
+    cleaned = ascii_digits(text.strip().rstrip(".").rstrip()).translate(MINUS_SIGNS)
     if len(cleaned) > 64 or not _NUMBER.fullmatch(cleaned):
         return None
     value = float(cleaned.replace(",", "").replace(" ", ""))  # float() itself reads "_" between digits

@@ -14,12 +14,11 @@ actors and HTTP requests; every worker builds its own env from it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 
-from rl_llm.console import checked_count
 from rl_llm.envs.registration import EnvFactory
 
 MessageDict = dict[str, str]
@@ -44,12 +43,6 @@ def parse_kwarg_pairs(pairs: Sequence[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             kwargs[key] = value
     return kwargs
-
-
-def checked_seeds(seeds: Iterable[Any]) -> list[int]:
-    """The dataset builders' seeds, each a whole number of at least 0: ``int(seed)`` made 2.7 seed 2, True seed 1
-    and NaN a bare "cannot convert float NaN to integer"."""
-    return [checked_count(f"seeds[{index}]", seed, 0) for index, seed in enumerate(seeds)]
 
 
 def checked_mapping(name: str, value: Any) -> dict[str, Any]:

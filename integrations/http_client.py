@@ -18,7 +18,7 @@ from urllib.parse import quote
 import gymnasium as gym
 import httpx
 
-from rl_llm.console import checked_count, checked_seconds
+from rl_llm import checks
 from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.envs.spaces import UnicodeText
 from rl_llm.errors import RLLMError
@@ -55,8 +55,8 @@ class EnvClient:
         # Checked here, not at the first request: a NaN or infinite timeout failed there as a bare ValueError or
         # OverflowError, busy_retries=-1 as UnboundLocalError, and a URL without http:// as "unreachable".
         url = _checked_url(base_url)
-        self._http = httpx.Client(base_url=url, timeout=checked_seconds("timeout", timeout), transport=transport)
-        self.busy_retries = checked_count("busy_retries", busy_retries, 0)
+        self._http = httpx.Client(base_url=url, timeout=checks.seconds("timeout", timeout), transport=transport)
+        self.busy_retries = checks.integer("busy_retries", busy_retries)
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None, sessions: Sequence[str] = ()) -> Any:
         for attempt in range(self.busy_retries + 1):

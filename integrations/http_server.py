@@ -51,11 +51,11 @@ from fastapi import FastAPI, HTTPException, WebSocket
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rl_llm import checks
 from rl_llm.console import (
     ArgumentParser,
-    checked_count,
-    checked_seconds,
     count_flag,
+    flag_type,
     host_flag,
     port_flag,
     seconds_flag,
@@ -173,10 +173,10 @@ class ServerConfig:
         # Checked here, not where used: max_sessions=0 or a NaN step timeout made a server that refused or timed
         # out every request, a NaN session_ttl_s one that never reaped, max_workers=0 a ThreadPoolExecutor error.
         for name in ("max_sessions", "max_workers", "max_queued", "max_body_bytes"):
-            checked_count(name, getattr(self, name))
+            checks.integer(name, getattr(self, name), minimum=1)
         for name in ("step_timeout_s", "create_timeout_s", "session_ttl_s", "reap_interval_s"):
-            setattr(self, name, checked_seconds(name, getattr(self, name)))
-        self.inline_budget_s = checked_seconds("inline_budget_s", self.inline_budget_s, allow_zero=True)
+            setattr(self, name, checks.seconds(name, getattr(self, name)))
+        self.inline_budget_s = checks.seconds("inline_budget_s", self.inline_budget_s, allow_zero=True)
         if self.allowed_env_ids is not None:
             # a plain string was searched as text: "rl" counted as allowed inside "rl-llm/TicTacToe-v0"
             ids = self.allowed_env_ids
@@ -618,6 +618,10 @@ def env_id_flag(env_id: str) -> str:
     return env_id
 
 
+# A positive, finite number of MiB, at most 1 TiB: 0, NaN or inf exit 2 with argparse's one line naming the flag.
+MIB_FLAG = flag_type(lambda name, value: checks.real(name, value, positive=True, maximum=2.0**20))
+
+
 def add_web_server_flags(parser: argparse.ArgumentParser) -> None:
     """The uvicorn settings both env servers take (docs/serving.md#web-server-settings)."""
     parser.add_argument("--access-log", action="store_true",
@@ -626,7 +630,7 @@ def add_web_server_flags(parser: argparse.ArgumentParser) -> None:
                         help="event loop (auto: uvloop where installed, as rl-llm[server] does; else asyncio's)")
     parser.add_argument("--http", choices=["auto", *WEB_STACK_MODULES["http"]], default="auto",
                         help="HTTP/1.1 parser (auto: httptools where installed, as rl-llm[server] does; else h11)")
-    parser.add_argument("--max-body-mb", type=float, default=MAX_BODY_BYTES / 2**20,
+    parser.add_argument("--max-body-mb", type=MIB_FLAG, default=MAX_BODY_BYTES / 2**20,
                         help="largest HTTP request body read, in MiB; a larger one is answered 413 (default %(default)g)")
     parser.add_argument(
         "--ws-compression", action="store_true",
@@ -643,9 +647,7 @@ WEB_STACK_MODULES: dict[str, dict[str, str | None]] = {
 
 
 def max_body_bytes(args: argparse.Namespace) -> int:
-    """``--max-body-mb`` in bytes; not a positive number stops here with one line."""
-    if not args.max_body_mb > 0 or args.max_body_mb == float("inf"):
-        raise SystemExit(f"error: --max-body-mb takes a positive number of MiB, got {args.max_body_mb:g}")
+    """``--max-body-mb`` (checked by its argparse type) in bytes."""
     return max(1, int(args.max_body_mb * 2**20))
 
 

@@ -58,7 +58,8 @@ from openenv.core.env_server.types import Action, EnvironmentMetadata, Observati
 from pydantic import Field
 from pydantic_core import to_json
 
-from rl_llm.console import ArgumentParser, checked_count, checked_seconds, count_flag, seconds_flag
+from rl_llm import checks
+from rl_llm.console import ArgumentParser, count_flag, seconds_flag
 from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.integrations.fast_routes import (
     MAX_BODY_BYTES,
@@ -157,8 +158,8 @@ class EpisodeStore:
 
     def __init__(self, max_episodes: int = 256, ttl_s: float = 600.0) -> None:
         # 0 evicted every episode as it began (each step a 404); a NaN TTL never expired one
-        self.max_episodes = checked_count("max_episodes", max_episodes)
-        self.ttl_s = checked_seconds("episode_ttl_s", ttl_s)
+        self.max_episodes = checks.integer("max_episodes", max_episodes, minimum=1)
+        self.ttl_s = checks.seconds("episode_ttl_s", ttl_s)
         self._episodes: OrderedDict[str, Episode] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -401,8 +402,8 @@ def create_openenv_app(env_id: str, env_kwargs: dict[str, Any] | None = None, ma
     # traceback; a list of kwargs as "dictionary update sequence element #0 ...".
     if env_kwargs is not None and not isinstance(env_kwargs, Mapping):
         raise ValueError(f"env_kwargs must be a dict of the env's keyword arguments, got {type(env_kwargs).__name__}")
-    checked_count("max_sessions", max_sessions)
-    checked_count("max_body_bytes", max_body_bytes)
+    checks.integer("max_sessions", max_sessions, minimum=1)
+    checks.integer("max_body_bytes", max_body_bytes, minimum=1)
     store = EpisodeStore(max_episodes, episode_ttl_s)
     make_env(env_id, **dict(env_kwargs or {})).close()
     factory = environment_factory(env_id, env_kwargs, store)

@@ -16,7 +16,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from rl_llm.console import checked_count
+from rl_llm import checks
 from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.envs.spaces import UnicodeText
 from rl_llm.types import Message
@@ -66,7 +66,7 @@ class SocialSeat(gym.Env[str, str]):
         if seat not in SEATS:
             raise ValueError(f"seat must be one of {SEATS}, got {seat!r}")
         if opponent_seed is not None:  # a float or NaN seeded the opponent without a word
-            checked_count("opponent_seed", opponent_seed, 0)
+            checks.integer("opponent_seed", opponent_seed)
         self.game_name, self.seat = game, seat
         self.other = SEATS[1 - SEATS.index(seat)]
         self.game = module.parallel_env(**game_kwargs)

@@ -35,8 +35,8 @@ from typing import Any
 
 import gymnasium as gym
 
-from rl_llm.console import checked_count
-from rl_llm.integrations.generic import MessageEnv, checked_mapping, checked_seeds, parse_task
+from rl_llm import checks
+from rl_llm.integrations.generic import MessageEnv, checked_mapping, parse_task
 from rl_llm.types import TokenRole, Trajectory
 
 TASK_KEY = "rl_llm_task"
@@ -46,7 +46,7 @@ def make_trl_dataset(env_factory: Callable[[], gym.Env], seeds: Iterable[int], o
     """A ``datasets.Dataset`` with one ``prompt`` (the env's opening messages) per seed."""
     from datasets import Dataset
 
-    seeds, options = checked_seeds(seeds), checked_mapping("options", options)
+    seeds, options = checks.seed_list(seeds), checked_mapping("options", options)
     env = MessageEnv(env_factory())
     rows = []
     try:
@@ -93,7 +93,7 @@ class EnvRollout:
     def __init__(self, env_factory: Callable[[], gym.Env], max_new_tokens: int = 64, **engine_options: Any) -> None:
         self.env_factory = env_factory
         # 0 or NaN reached the model's generate at the first batch, deep in the trainer
-        self.max_new_tokens = checked_count("max_new_tokens", max_new_tokens)
+        self.max_new_tokens = checks.integer("max_new_tokens", max_new_tokens, minimum=1)
         self.engine_options = engine_options
         self.failed = 0
         self.last_trajectories: list[Trajectory] = []  # the latest batch, for logging and inspection

@@ -29,7 +29,8 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
-from rl_llm.integrations.generic import MessageEnv, checked_mapping, checked_seeds, parse_task
+from rl_llm import checks
+from rl_llm.integrations.generic import MessageEnv, checked_mapping, parse_task
 
 TASK_KEY = "rl_llm_task"
 ENDED = "The episode is over; no more tool calls are needed."
@@ -218,6 +219,6 @@ def make_tool_dataset(seeds: Iterable[int], options: Mapping[str, Any] | None = 
     rows = [
         {"prompt": [{"role": "user", "content": instruction + "\n\n"}],
          TASK_KEY: json.dumps({"seed": seed, "options": options})}
-        for seed in checked_seeds(seeds)
+        for seed in checks.seed_list(seeds)
     ]  # fmt: skip
     return Dataset.from_list(rows)

@@ -27,7 +27,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rl_llm.integrations.generic import EnvFactory, MessageEnv, TaskSpec, checked_mapping, checked_seeds
+from rl_llm import checks
+from rl_llm.integrations.generic import EnvFactory, MessageEnv, TaskSpec, checked_mapping
 
 AGENT_NAME = "rl_llm_env"
 TASK_FIELD = "rl_llm"
@@ -42,7 +43,7 @@ def verl_rows(
 ) -> list[dict[str, Any]]:
     """Dataset rows for verl's ``RLHFDataset``: the env's opening messages as ``prompt`` plus the task."""
     env_kwargs, options = checked_mapping("env_kwargs", env_kwargs), checked_mapping("options", options)
-    seeds = checked_seeds(seeds)
+    seeds = checks.seed_list(seeds)
     env = MessageEnv(EnvFactory(env_id, **env_kwargs))
     rows = []
     try:

@@ -10,21 +10,19 @@ argparse's help has the same habit (80 columns in a pipe); ``ArgumentParser`` he
 from __future__ import annotations
 
 import argparse
-import numbers
 import os
 import shutil
 import socket
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.table import Table
 
+from rl_llm.checks import integer, seconds
+
 LOG_WIDTH = 160  # table width in pipes and logs when COLUMNS is not set
-# The longest wait threads and sockets take: socket.settimeout overflows past it, and a longer "timeout" is no limit.
-MAX_SECONDS = threading.TIMEOUT_MAX
 T = TypeVar("T")
 
 
@@ -71,33 +69,12 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
 
-# -- settings an operator gives: one check per kind, on a Python argument (ValueError naming it) or as an argparse
-# type (``error: argument --flag: ...``). Unchecked, a NaN timeout timed every call out at once, a 0 limit refused
+# -- settings an operator gives, on a Python argument (ValueError naming it) or as an argparse type (``error:
+# argument --flag: ...``), with rl_llm/checks.py's checks and words. Unchecked, a NaN timeout timed every call out at once, a 0 limit refused
 # every request and a port past 65535 was bound modulo 65536 or failed deep in the server with a traceback.
-def checked_count(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
-    """``value`` as an int if it is a whole number from ``minimum`` to ``maximum``; True and 2.0 are refused."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
-    if value < minimum or (maximum is not None and value > maximum):
-        allowed = f"from {minimum} to {maximum}" if maximum is not None else f"at least {minimum}"
-        raise ValueError(f"{name} must be a whole number {allowed}, got {value!r}")
-    return int(value)
-
-
-def checked_seconds(name: str, value: Any, *, allow_zero: bool = False) -> float:
-    """``value`` as a float if it is a finite number of seconds, positive (or 0 with ``allow_zero``), at most
-    ``MAX_SECONDS``; NaN, infinity and True are refused."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
-    if not ((value >= 0 if allow_zero else value > 0) and value <= MAX_SECONDS):  # NaN fails both comparisons
-        sign = "non-negative" if allow_zero else "positive"
-        raise ValueError(f"{name} must be a {sign} number of seconds up to {MAX_SECONDS:.3g}, got {value!r}")
-    return float(value)
-
-
 def checked_port(name: str, value: Any) -> int:
     """A TCP port: 0 (any free one) to 65535."""
-    return checked_count(name, value, 0, 65535)
+    return integer(name, value, minimum=0, maximum=65535)
 
 
 def checked_host(name: str, value: Any) -> str:
@@ -120,8 +97,8 @@ def flag_type(check: Callable[[str, Any], T], parse: Callable[[str], Any] = floa
         try:
             value = parse(text)
         except ValueError:
-            kind = "whole number" if parse is int else "number"
-            raise argparse.ArgumentTypeError(f"expected a {kind}, got {text!r}") from None
+            kind = "an integer" if parse is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
         try:
             return check("", value)
         except ValueError as error:
@@ -131,11 +108,11 @@ def flag_type(check: Callable[[str, Any], T], parse: Callable[[str], Any] = floa
 
 
 def count_flag(minimum: int = 1, maximum: int | None = None) -> Callable[[str], int]:
-    return flag_type(lambda name, value: checked_count(name, value, minimum, maximum), int)
+    return flag_type(lambda name, value: integer(name, value, minimum=minimum, maximum=maximum), int)
 
 
 def seconds_flag(*, allow_zero: bool = False) -> Callable[[str], float]:
-    return flag_type(lambda name, value: checked_seconds(name, value, allow_zero=allow_zero))
+    return flag_type(lambda name, value: seconds(name, value, allow_zero=allow_zero))
 
 
 port_flag = flag_type(checked_port, int)

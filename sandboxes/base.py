@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from rl_llm.checks import MAX_SECONDS, seconds
 from rl_llm.errors import RLLMError
 
 if TYPE_CHECKING:
@@ -48,7 +49,6 @@ NOTE = "[rl-llm sandbox] "  # starts what the sandbox itself adds to a command's
 # Largest `python3 -c` argument; longer snippets go through a file (Linux caps one argv string at 128 KiB).
 _MAX_ARGV_CODE = 100_000
 _MAX_LIMIT = 2**40  # of any limit; in MB, 2**40 * 1024 KB is still within the kernel's 64-bit rlimits
-MAX_TIMEOUT_S = 1_000_000.0  # about 11.5 days: past any command's budget, short of what clocks overflow on
 
 
 class SandboxError(RLLMError, RuntimeError):
@@ -104,8 +104,8 @@ class SandboxLimits:
                 # The bound: bash's ulimit takes kilobytes and refused 1e15 MB ("limit out of range"), which
                 # failed every command of the sandbox with exit code 125 instead of refusing the limit.
                 raise ValueError(f"SandboxLimits.{field.name} must be a positive number up to 2**40, got {value!r}")
-        if self.wall_timeout > MAX_TIMEOUT_S:
-            raise ValueError(f"SandboxLimits.wall_timeout must be at most {MAX_TIMEOUT_S:,.0f} s, got {self.wall_timeout!r}")
+        if self.wall_timeout > MAX_SECONDS:
+            raise ValueError(f"SandboxLimits.wall_timeout must be at most {MAX_SECONDS:,.0f} s, got {self.wall_timeout!r}")
         if self.max_processes < 8:
             raise ValueError("SandboxLimits.max_processes must be at least 8 (the shell itself needs a few)")
         if self.max_open_files < 16:
@@ -396,11 +396,8 @@ class Sandbox(abc.ABC):
 
     def _timeout(self, timeout: float | None) -> float:
         value = self.limits.wall_timeout if timeout is None else timeout
-        # At most MAX_TIMEOUT_S: infinity or 1e30 passed "> 0" and overflowed the clock deep inside the wait.
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_TIMEOUT_S:
-            raise ValueError(f"timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:,.0f}, "
-                             f"got {timeout!r}")
-        return float(value)
+        # At most MAX_SECONDS: infinity or 1e30 passed "> 0" and overflowed the clock deep inside the wait.
+        return seconds("timeout", value)
 
     def _shell_argv(self, cmd: Command) -> list[str]:
         """bash applying the limits, then running `cmd` (a command line, or an argv list without a shell).

@@ -2,7 +2,7 @@
 
 Layers, lowest first (a module may import its own layer and the ones below it):
 
-0. core: ``rl_llm.types``, ``rl_llm.paths``, ``rl_llm.console``, ``rl_llm.export``, ``rl_llm.errors`` (``CORE``): plain helpers everything may use.
+0. core: ``rl_llm.types``, ``rl_llm.paths``, ``rl_llm.console``, ``rl_llm.checks``, ``rl_llm.export``, ``rl_llm.errors`` (``CORE``): plain helpers everything may use.
 1. ``rl_llm.sandboxes``
 2. ``rl_llm.envs``, and the package root ``rl_llm`` (its ``__init__`` only registers the environments)
 3. ``rl_llm.agents``
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: pyproject.toml's package-dir: each top-level folder is installed as a subpackage of rl_llm.
 PACKAGE_DIRS = {"rl_llm": "rl_llm", "rl_llm.envs": "envs", "rl_llm.agents": "agents", "rl_llm.trainers": "trainers",
                 "rl_llm.sandboxes": "sandboxes", "rl_llm.integrations": "integrations"}  # fmt: skip
-CORE = {"rl_llm.types", "rl_llm.paths", "rl_llm.console", "rl_llm.export", "rl_llm.errors", "rl_llm.urls"}
+CORE = {"rl_llm.types", "rl_llm.paths", "rl_llm.console", "rl_llm.checks", "rl_llm.export", "rl_llm.errors", "rl_llm.urls"}
 TOOLS = {"rl_llm.cli", "rl_llm.doctor", "rl_llm.view"}
 LAYERS = {"rl_llm.sandboxes": 1, "rl_llm.envs": 2, "rl_llm": 2, "rl_llm.agents": 3, "rl_llm.trainers": 4,
           "rl_llm.integrations": 4}  # fmt: skip

@@ -24,7 +24,7 @@ from rl_llm.agents.baselines.sql import OracleSQL, SchemaProbeSQL
 from rl_llm.agents.baselines.terminal import DoNothing, RandomCommands, TerminalOracle
 from rl_llm.agents.baselines.tictactoe import Minimax, RandomMove
 from rl_llm.agents.policy import Policy
-from rl_llm.envs.arguments import integer
+from rl_llm.checks import integer
 
 # env id -> baseline name -> factory(seed)
 BASELINES: dict[str, dict[str, Callable[..., Policy]]] = {

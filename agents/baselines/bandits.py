@@ -12,7 +12,7 @@ import re
 import numpy as np
 
 from rl_llm.agents.policy import TextPolicy, last_user_message, system_message
-from rl_llm.envs.arguments import real
+from rl_llm.checks import real
 from rl_llm.envs.bandits.base import ARM_LABELS, ucb1_choice
 from rl_llm.envs.bandits.contextual_bandit import LinUCB
 from rl_llm.types import Message

@@ -12,7 +12,7 @@ import numpy as np
 
 from rl_llm.agents.baselines.search import ScriptedOracle
 from rl_llm.agents.policy import TextPolicy
-from rl_llm.envs.arguments import real
+from rl_llm.checks import real
 from rl_llm.types import Message
 
 DONE = "<action>done</action>"

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from rl_llm.envs import arguments
+from rl_llm import checks
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.parsing import extract_tag
 
@@ -66,13 +66,13 @@ class BanditEnv(TextEnv):
         invalid_action_penalty: float,
         render_mode: str | None,
     ) -> None:
-        num_arms = arguments.integer("num_arms", num_arms, minimum=2, maximum=len(ARM_LABELS))
-        horizon = arguments.integer("horizon", horizon, minimum=1)  # NaN, 2.5 and True too (docs of arguments)
+        num_arms = checks.integer("num_arms", num_arms, minimum=2, maximum=len(ARM_LABELS))
+        horizon = checks.integer("horizon", horizon, minimum=1)  # NaN, 2.5 and True too (docs of arguments)
         if history not in HISTORY_MODES:
             raise ValueError(f"history must be one of {HISTORY_MODES}, got {history!r}")
         if reward_mode not in REWARD_MODES:
             raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {reward_mode!r}")
-        invalid_action_penalty = arguments.real("invalid_action_penalty", invalid_action_penalty, minimum=0.0)
+        invalid_action_penalty = checks.real("invalid_action_penalty", invalid_action_penalty, minimum=0.0)
         # Every turn is one pull (an invalid turn pulls a random arm), so the horizon is the turn limit.
         super().__init__(max_turns=horizon, render_mode=render_mode)
         self.num_arms = num_arms

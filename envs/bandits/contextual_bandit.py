@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from rl_llm.envs import arguments
+from rl_llm import checks
 from rl_llm.envs.bandits.base import BanditEnv
 
 MAX_HORIZON = 100_000  # contexts and noise for the whole episode are drawn at reset
@@ -99,12 +99,12 @@ class ContextualBanditEnv(BanditEnv):
             invalid_action_penalty=invalid_action_penalty,
             render_mode=render_mode,
         )
-        self.context_dim = arguments.integer("context_dim", context_dim, minimum=1, maximum=16)
+        self.context_dim = checks.integer("context_dim", context_dim, minimum=1, maximum=16)
         # The episode's contexts and noise are drawn at reset (see _draw_instance): a horizon of 10**9 would
         # ask for tens of gigabytes there, so it is bounded here, far past any LLM episode.
-        arguments.integer("horizon", horizon, minimum=1, maximum=MAX_HORIZON)
-        self.noise = arguments.real("noise", noise, minimum=0.0)
-        self.linucb_alpha = arguments.real("linucb_alpha", linucb_alpha, minimum=0.0)
+        checks.integer("horizon", horizon, minimum=1, maximum=MAX_HORIZON)
+        self.noise = checks.real("noise", noise, minimum=0.0)
+        self.linucb_alpha = checks.real("linucb_alpha", linucb_alpha, minimum=0.0)
 
     def _draw_instance(self, options: dict[str, Any]) -> str:
         self.theta = self.np_random.normal(0.0, 1.0, (self.num_arms, self.context_dim))

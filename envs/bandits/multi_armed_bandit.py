@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from rl_llm.envs import arguments
+from rl_llm import checks
 from rl_llm.envs.bandits.base import BanditEnv, ucb1_choice
 
 DISTRIBUTIONS = ("bernoulli", "gaussian")
@@ -83,14 +83,14 @@ class MultiArmedBanditEnv(BanditEnv):
         if distribution not in DISTRIBUTIONS:
             raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
         if gap is not None:
-            gap = arguments.real("gap", gap, positive=True, maximum=1.0)
+            gap = checks.real("gap", gap, positive=True, maximum=1.0)
             if distribution != "bernoulli":
                 raise ValueError("gap needs distribution='bernoulli'")
         self.distribution = distribution
         self.gap = gap
-        self.sigma = arguments.real("sigma", sigma, positive=True)
+        self.sigma = checks.real("sigma", sigma, positive=True)
         self.fixed_means = None if means is None else self._check_means(means)
-        self.ucb_c = arguments.real("ucb_c", ucb_c, minimum=0.0)
+        self.ucb_c = checks.real("ucb_c", ucb_c, minimum=0.0)
 
     def _check_means(self, means: Any) -> np.ndarray:
         try:

@@ -17,7 +17,7 @@ import re
 import threading
 import unicodedata
 
-from rl_llm.envs.parsing import ascii_digits, extract_tag
+from rl_llm.envs.parsing import MINUS_SIGNS, ascii_digits, extract_tag
 
 FORMATS = ("answer", "boxed")
 #: Longer answers are graded wrong without parsing: no final value needs more.
@@ -27,11 +27,6 @@ _WRAPPERS = re.compile(r"\\(?:text|mathrm|textbf|mathbf|boxed|operatorname)\s*\{
 _SPACING = ("\\,", "\\!", "\\;", "\\:", "\\ ", "\\%", "\\$", "\\left", "\\right", "$", "%")
 _DELIMITERS = ("\\(", "\\)", "\\[", "\\]")
 _NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
-# Characters written for a minus sign, read as "-": with only U+2212 mapped, "\u20134" (an en dash) lost its sign
-# and was graded as 4.
-_MINUS_SIGNS = str.maketrans(dict.fromkeys(
-    "\u2010\u2011\u2012\u2013\u2014\u2015\u2212\u207b\u208b\ufe58\ufe63\uff0d", "-"
-))  # fmt: skip
 # Anything that makes the answer an expression rather than a value.
 _EXPRESSION_CHARS = frozenset("^!*/×÷·()[]{}<>|\\")
 
@@ -65,7 +60,7 @@ def final_value(answer: str) -> str | None:
     if len(answer) > MAX_ANSWER_CHARS:
         return None
     # Digits of any script as ASCII ("４２", "٤٢"); Unicode minus signs; LaTeX thousands separator.
-    text = ascii_digits(answer).translate(_MINUS_SIGNS).replace("{,}", ",")
+    text = ascii_digits(answer).translate(MINUS_SIGNS).replace("{,}", ",")
     for delimiter in _DELIMITERS:
         text = text.replace(delimiter, " ")
     text = text.rsplit("=", 1)[-1]  # "x = 5", "5 - 3 - 6 = -4": the value is after the last "="

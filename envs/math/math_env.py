@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rl_llm.envs import arguments
+from rl_llm import checks
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.math.answers import FORMATS, extract_answer, final_value, is_correct
 from rl_llm.envs.math.problems import (
@@ -94,7 +94,7 @@ class MathEnv(TextEnv):
             raise ImportError(f"rl-llm/Math-v0 needs reasoning-gym and math-verify: {missing}")
         if answer_format not in FORMATS:
             raise ValueError(f"answer_format must be one of {FORMATS}, got {answer_format!r}")
-        format_penalty = arguments.real("format_penalty", format_penalty, minimum=0.0)
+        format_penalty = checks.real("format_penalty", format_penalty, minimum=0.0)
         self.families = check_families(families, difficulty)
         self.difficulty = int(difficulty)
         self.answer_format = answer_format

@@ -22,12 +22,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from rl_llm import checks
 from rl_llm.console import (
     ArgumentParser,
-    checked_count,
     checked_host,
     checked_port,
-    checked_seconds,
     count_flag,
     host_flag,
     port_flag,
@@ -224,10 +223,10 @@ class RetrieverServer:
         # overflowed socket.settimeout per connection, and a port past 65535 was an OverflowError from bind().
         checked_host("host", host)
         checked_port("port", port)
-        checked_count("default_k", default_k, 1, MAX_TOPK)
-        checked_count("max_batch", max_batch)
-        max_wait_s = checked_seconds("max_wait_s", max_wait_s, allow_zero=True)
-        idle_timeout_s = checked_seconds("idle_timeout_s", idle_timeout_s)
+        checks.integer("default_k", default_k, minimum=1, maximum=MAX_TOPK)
+        checks.integer("max_batch", max_batch, minimum=1)
+        max_wait_s = checks.seconds("max_wait_s", max_wait_s, allow_zero=True)
+        idle_timeout_s = checks.seconds("idle_timeout_s", idle_timeout_s)
         self._server = _Server((host, port), _Handler)
         self._server.idle_timeout_s = idle_timeout_s
         self._server.batcher = _Batcher(retriever, max_batch, max_wait_s)

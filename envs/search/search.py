@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rl_llm.envs import arguments
+from rl_llm import checks
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.knowledge import bundled_kb
 from rl_llm.envs.parsing import Block, scan_blocks, truncate_middle
@@ -106,14 +106,14 @@ class SearchEnv(TextEnv):
         if reward not in REWARDS:
             raise ValueError(f"reward must be one of {sorted(REWARDS)}, got {reward!r}")
         if max_answer_words is not None and (reward != "r1_searcher_stage1"
-                                             or arguments.integer("max_answer_words", max_answer_words) < 1):
+                                             or checks.integer("max_answer_words", max_answer_words) < 1):
             raise ValueError("max_answer_words (>= 1) is an option of reward='r1_searcher_stage1' only")
         self.max_answer_words = max_answer_words
-        top_k = arguments.integer("top_k", top_k, minimum=1)
-        max_passage_chars = arguments.integer("max_passage_chars", max_passage_chars, minimum=1)
-        kb_seed = arguments.integer("kb_seed", kb_seed, minimum=0)
-        corpus, qa = arguments.optional_path("corpus", corpus), arguments.optional_path("qa", qa)
-        cache_dir = arguments.optional_path("cache_dir", cache_dir)
+        top_k = checks.integer("top_k", top_k, minimum=1)
+        max_passage_chars = checks.integer("max_passage_chars", max_passage_chars, minimum=1)
+        kb_seed = checks.integer("kb_seed", kb_seed, minimum=0)
+        corpus, qa = checks.optional_path("corpus", corpus), checks.optional_path("qa", qa)
+        cache_dir = checks.optional_path("cache_dir", cache_dir)
         if (corpus is None) != (qa is None):
             raise ValueError("pass both corpus and qa (your own data) or neither (the bundled knowledge base)")
         super().__init__(max_turns=max_turns, render_mode=render_mode)

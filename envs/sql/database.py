@@ -22,6 +22,7 @@ from pathlib import Path
 from rl_llm.envs.sql.sqlite_guard import (
     DENIED_FUNCTIONS,
     READ_ONLY_PRAGMAS,
+    REFUSAL,
     QueryLimits,
     QueryRefused,
     QueryResult,
@@ -36,9 +37,8 @@ __all__ = ["DENIED_FUNCTIONS", "READ_ONLY_PRAGMAS", "QueryLimits", "QueryRefused
 # that refused. For these statements that check is not the statement: VACUUM is refused at the ATTACH it runs
 # internally (it read "attach is not allowed"), ALTER TABLE names the database ("alter table main"), REINDEX
 # and ANALYZE the first index or table they reach. The guard runs in the worker and stays as it is; the
-# parent names the statement instead.
-_REFUSAL = "refused: the database is read-only and only queries run here ({} is not allowed)"
-_REFUSAL_HEAD = _REFUSAL.partition("{")[0]
+# parent names the statement instead, in the guard's words (``REFUSAL``).
+_REFUSAL_HEAD = REFUSAL.partition("{")[0]
 _STATEMENTS_NAMED_BY_KEYWORD = {"VACUUM": "VACUUM", "ALTER": "ALTER TABLE", "REINDEX": "REINDEX", "ANALYZE": "ANALYZE"}
 # The savepoint check names the operation ("savepoint BEGIN" is a SAVEPOINT statement).
 _SAVEPOINT_CHECKS = {"savepoint BEGIN": "SAVEPOINT", "savepoint RELEASE": "RELEASE SAVEPOINT",
@@ -123,4 +123,4 @@ def name_refused_statement(sql: str, error: str | None) -> str | None:
         return error
     check = error[len(_REFUSAL_HEAD) :].removesuffix(" is not allowed)")
     statement = _STATEMENTS_NAMED_BY_KEYWORD.get(first_keyword(sql)) or _SAVEPOINT_CHECKS.get(check)
-    return _REFUSAL.format(statement) if statement else error
+    return REFUSAL.format(statement) if statement else error

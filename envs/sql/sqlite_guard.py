@@ -28,6 +28,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+# How an authorizer refusal reads, naming the check that refused; database.py names the statement instead where
+# that check is an inner one (VACUUM's ATTACH), with the same words.
+REFUSAL = "refused: the database is read-only and only queries run here ({} is not allowed)"
+
 # PRAGMAs that only describe the schema; every other PRAGMA (reads included) is refused.
 READ_ONLY_PRAGMAS = frozenset({
     "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo", "foreign_key_list",
@@ -163,7 +167,7 @@ class GuardedConnection:
             return f"query timed out after {limits.timeout_s:g} s and was stopped", True
         if isinstance(exc, sqlite3.DatabaseError) and message.startswith(_DENIED_MESSAGES):
             denied = self._denial or "this statement"
-            return f"refused: the database is read-only and only queries run here ({denied} is not allowed)", False
+            return REFUSAL.format(denied), False
         if isinstance(exc, sqlite3.ProgrammingError) and "one statement at a time" in message:
             return "refused: submit exactly one SQL statement (no ';'-separated scripts)", False
         return f"{type(exc).__name__}: {message}", False

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rl_llm.envs import arguments
+from rl_llm import checks
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.parsing import first_of_tags
 from rl_llm.envs.sql.database import QueryLimits
@@ -148,22 +148,22 @@ class TextToSQLEnv(TextEnv):
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        sample_rows = arguments.integer("sample_rows", sample_rows, minimum=0)
-        display_rows = arguments.integer("display_rows", display_rows, minimum=1)
-        display_chars = arguments.integer("display_chars", display_chars, minimum=100)
-        query_timeout_s = arguments.seconds("query_timeout_s", query_timeout_s)
-        gold_timeout_s = arguments.seconds("gold_timeout_s", gold_timeout_s)
-        max_result_rows = arguments.integer("max_result_rows", max_result_rows, minimum=1)
-        max_result_bytes = arguments.integer("max_result_bytes", max_result_bytes, minimum=1)
-        float_tolerance = arguments.real("float_tolerance", float_tolerance, minimum=0.0)
-        cache_gold_results = arguments.flag("cache_gold_results", cache_gold_results)
+        sample_rows = checks.integer("sample_rows", sample_rows, minimum=0)
+        display_rows = checks.integer("display_rows", display_rows, minimum=1)
+        display_chars = checks.integer("display_chars", display_chars, minimum=100)
+        query_timeout_s = checks.seconds("query_timeout_s", query_timeout_s)
+        gold_timeout_s = checks.seconds("gold_timeout_s", gold_timeout_s)
+        max_result_rows = checks.integer("max_result_rows", max_result_rows, minimum=1)
+        max_result_bytes = checks.integer("max_result_bytes", max_result_bytes, minimum=1)
+        float_tolerance = checks.real("float_tolerance", float_tolerance, minimum=0.0)
+        cache_gold_results = checks.flag("cache_gold_results", cache_gold_results)
         if format_gate is not None:
-            format_gate = arguments.flag("format_gate", format_gate)
+            format_gate = checks.flag("format_gate", format_gate)
         # Each generated database is a file built at construction: bounded so a typo cannot fill the disk.
-        generated_databases = arguments.integer("generated_databases", generated_databases, minimum=1, maximum=1000)
-        generator_seed = arguments.integer("generator_seed", generator_seed, minimum=0)
-        data_dir = arguments.optional_path("data_dir", data_dir)
-        generated_dir = arguments.optional_path("generated_dir", generated_dir)
+        generated_databases = checks.integer("generated_databases", generated_databases, minimum=1, maximum=1000)
+        generator_seed = checks.integer("generator_seed", generator_seed, minimum=0)
+        data_dir = checks.optional_path("data_dir", data_dir)
+        generated_dir = checks.optional_path("generated_dir", generated_dir)
         protocol = dict(DEFAULT_PROTOCOL)
         if isinstance(reward_weights, str):
             protocol.update(PRESET_PROTOCOLS.get(reward_weights, {}))

@@ -8,7 +8,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from rl_llm.envs import arguments
+from rl_llm import checks
 from rl_llm.envs.base import Outcome, Task, TextEnv, checked_task_index
 from rl_llm.envs.parsing import extract_tag, truncate_middle
 from rl_llm.envs.terminal import TerminalTask, generate_task, is_task_dir, load_task_dir, load_task_folder
@@ -144,10 +144,10 @@ class TerminalEnv(TextEnv):
         render_mode: str | None = None,
     ) -> None:
         super().__init__(max_turns=max_turns, render_mode=render_mode)
-        self.time_budget_s = arguments.seconds("time_budget_s", time_budget_s)
-        self.command_timeout_s = arguments.seconds("command_timeout_s", command_timeout_s)
-        self.check_timeout_s = arguments.seconds("check_timeout_s", check_timeout_s)
-        self.max_output_chars = arguments.integer("max_output_chars", max_output_chars, minimum=1)
+        self.time_budget_s = checks.seconds("time_budget_s", time_budget_s)
+        self.command_timeout_s = checks.seconds("command_timeout_s", command_timeout_s)
+        self.check_timeout_s = checks.seconds("check_timeout_s", check_timeout_s)
+        self.max_output_chars = checks.integer("max_output_chars", max_output_chars, minimum=1)
         self.task_family, self.difficulty = task_family, difficulty
         self.tasks: Sequence[TerminalTask] = self._task_set(tasks, task_family, difficulty)
         self._sandbox_spec = sandbox

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from rl_llm.envs import arguments
+from rl_llm import checks
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.tictactoe.rules import (
     CELL_NAMES,
@@ -103,12 +103,12 @@ class TicTacToeEnv(TextEnv):
             raise ValueError(f"agent_mark must be 'X', 'O' or 'random', got {agent_mark!r}")
         if opponent not in OPPONENTS:
             raise ValueError(f"opponent must be one of {tuple(OPPONENTS)}, got {opponent!r}")
-        opponent_skill = arguments.real("opponent_skill", opponent_skill, minimum=0.0, maximum=1.0)
+        opponent_skill = checks.real("opponent_skill", opponent_skill, minimum=0.0, maximum=1.0)
         if cell_names not in NAMINGS:
             raise ValueError(f"cell_names must be one of {tuple(NAMINGS)}, got {cell_names!r}")
-        max_illegal_moves = arguments.integer("max_illegal_moves", max_illegal_moves, minimum=0)
-        illegal_move_penalty = arguments.real("illegal_move_penalty", illegal_move_penalty, minimum=0.0)
-        show_legal_moves = arguments.flag("show_legal_moves", show_legal_moves)
+        max_illegal_moves = checks.integer("max_illegal_moves", max_illegal_moves, minimum=0)
+        illegal_move_penalty = checks.real("illegal_move_penalty", illegal_move_penalty, minimum=0.0)
+        show_legal_moves = checks.flag("show_legal_moves", show_legal_moves)
         if max_turns is None:
             max_turns = 5 * (max_illegal_moves + 1)
         super().__init__(max_turns=max_turns, render_mode=render_mode)

@@ -6,7 +6,7 @@ import json
 import os
 from typing import Any
 
-from rl_llm.envs import arguments
+from rl_llm import checks
 from rl_llm.envs.base import Outcome, Task, TextEnv
 from rl_llm.envs.knowledge import TOOL_TASK_KINDS, ToolTask, bundled_kb
 from rl_llm.envs.parsing import Block, ToolCall, parse_json_tool_calls, scan_blocks, truncate_middle
@@ -89,12 +89,12 @@ class ToolCallsEnv(TextEnv):
         kinds = tuple(kinds or TOOL_TASK_KINDS)
         if bad := [kind for kind in kinds if kind not in TOOL_TASK_KINDS]:
             raise ValueError(f"unknown task kinds {bad}; choose from {TOOL_TASK_KINDS}")
-        max_calls_per_turn = arguments.integer("max_calls_per_turn", max_calls_per_turn, minimum=1)
-        top_k = arguments.integer("top_k", top_k, minimum=1)
-        max_output_chars = arguments.integer("max_output_chars", max_output_chars, minimum=1)
-        python_timeout = arguments.seconds("python_timeout", python_timeout)
-        kb_seed = arguments.integer("kb_seed", kb_seed, minimum=0)
-        cache_dir = arguments.optional_path("cache_dir", cache_dir)
+        max_calls_per_turn = checks.integer("max_calls_per_turn", max_calls_per_turn, minimum=1)
+        top_k = checks.integer("top_k", top_k, minimum=1)
+        max_output_chars = checks.integer("max_output_chars", max_output_chars, minimum=1)
+        python_timeout = checks.seconds("python_timeout", python_timeout)
+        kb_seed = checks.integer("kb_seed", kb_seed, minimum=0)
+        cache_dir = checks.optional_path("cache_dir", cache_dir)
         from rl_llm.sandboxes import BACKENDS  # here: the sandboxes load only with the python tool
 
         if sandbox_backend not in ("auto", *BACKENDS):  # else the first python call would say so, mid-episode

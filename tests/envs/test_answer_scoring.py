@@ -62,3 +62,12 @@ def test_other_numerals_are_not_digits(written: str, not_gold: str) -> None:
     # Math no longer skips them ("4²" was graded as 4).
     assert final_value(written) is None and not is_correct(written, not_gold)
     assert exact_match(written, [not_gold]) == 0.0 and numeric_or_exact_match(written, [not_gold]) == 0.0
+
+
+@pytest.mark.parametrize("minus", ["\u2212", "\u2013", "\u2014", "\uff0d", "\ufe63"])
+def test_any_minus_sign_reads_as_minus(minus: str) -> None:
+    """A Unicode minus ("−4", as typeset math writes it) read as no number at all, so ToolCalls graded the right
+    answer -4 wrong; Math already read every minus sign."""
+    assert parse_number(f"{minus}4") == -4 and parse_number(f"{minus}4.5") == -4.5
+    assert numeric_or_exact_match(f"{minus}4", ["-4"]) == 1.0 and numeric_or_exact_match(f"{minus}4", ["4"]) == 0.0
+    assert parse_number(f"4{minus}5") is None  # a range, not a number

@@ -1,5 +1,5 @@
 """A bad constructor argument fails at ``gym.make`` with one line naming it, for every registered env: never a
-NaN reward, an extra turn, or an overflow or TypeError deep inside the first step (envs/arguments.py)."""
+NaN reward, an extra turn, or an overflow or TypeError deep inside the first step (rl_llm/checks.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import rl_llm  # noqa: F401  (registers the envs)
-from rl_llm.envs import arguments
 
 NOT_A_COUNT = ["x", 2.5, math.nan, math.inf, True, None]
 NOT_A_NUMBER = ["x", math.nan, math.inf, -math.inf, True, None, [1.0]]
@@ -102,18 +101,6 @@ def test_a_bandit_with_a_bad_penalty_used_to_pay_nan() -> None:
         gym.make("rl-llm/MultiArmedBandit-v0", invalid_action_penalty=math.nan)
 
 
-def test_the_checks_messages() -> None:
-    with pytest.raises(ValueError, match=r"^horizon must be an integer, got 2.5$"):
-        arguments.integer("horizon", 2.5)
-    with pytest.raises(ValueError, match=r"^k must be an integer in 1..3, got 4$"):
-        arguments.integer("k", 4, minimum=1, maximum=3)
-    with pytest.raises(ValueError, match=r"^t must be <= 1000000.0, got 1e\+30$"):
-        arguments.seconds("t", 1e30)
-    with pytest.raises(ValueError, match=r"^p must be in \[0.0, 1.0\], got 1.5$"):
-        arguments.real("p", 1.5, minimum=0.0, maximum=1.0)
-    assert arguments.flag("f", np.bool_(True)) is True
-
-
 def test_math_arguments() -> None:
     from rl_llm.envs.math.problems import reasoning_gym_import_error
 
@@ -124,3 +111,15 @@ def test_math_arguments() -> None:
         for value in values:
             with pytest.raises(ValueError, match=name):
                 gym.make("rl-llm/Math-v0", **{name: value})
+
+
+def test_the_old_import_path_of_the_checks_still_works() -> None:
+    """docs/writing-an-environment.md told env authors to use ``rl_llm.envs.arguments``; it is rl_llm.checks now."""
+    import importlib
+
+    from rl_llm import checks
+
+    assert importlib.import_module("rl_llm.envs.arguments") is checks
+    from rl_llm.envs import arguments
+
+    assert arguments.integer is checks.integer

@@ -280,10 +280,10 @@ RETRIEVER = "rl_llm.envs.retrieval.server"
 
 
 @pytest.mark.parametrize(("flag", "value", "message"), [
-    ("--port", "70000", "must be a whole number from 0 to 65535"), ("--host", "bad host", "'bad host' is not a host name"),
-    ("--topk", "0", "must be a whole number from 1 to 100"), ("--topk", "1000", "must be a whole number from 1 to 100"),
+    ("--port", "70000", "must be an integer in 0..65535"), ("--host", "bad host", "'bad host' is not a host name"),
+    ("--topk", "0", "must be an integer in 1..100"), ("--topk", "1000", "must be an integer in 1..100"),
     ("--idle-timeout", "inf", "must be a positive number of seconds"), ("--idle-timeout", "1e30", "must be a positive"),
-    ("--seed", "-1", "must be a whole number at least 0"),
+    ("--seed", "-1", "must be an integer >= 0"),
 ])  # fmt: skip
 def test_the_servers_bad_flags_exit_2_with_one_line_naming_the_flag(flag: str, value: str, message: str) -> None:
     """Before, --topk 0 served and refused every request without a topk, --idle-timeout inf overflowed on every

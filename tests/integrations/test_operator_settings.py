@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rl_llm.console import MAX_SECONDS
+from rl_llm.checks import MAX_SECONDS
 from rl_llm.integrations.http_client import EnvClient, EnvServerError
 from rl_llm.integrations.http_server import BackgroundServer, EnvServer, ServerConfig
 from tests.integrations.test_http_server import TTT
@@ -37,13 +37,13 @@ def assert_flag_refused(result: subprocess.CompletedProcess[str], flag: str, mes
     assert re.search(f"error: argument {flag}: {message}", errors[0]), errors[0]
 
 
-WHOLE = "must be a whole number"
+WHOLE = "must be an integer"
 SECONDS = "must be a positive number of seconds"
 ADDRESS = "(must be a host name|.* is not a host name or IP address)"
 SERVER_FLAGS = [
-    ("--port", "70000", WHOLE + " from 0 to 65535"), ("--port=-1", None, WHOLE), ("--port", "http", "expected a whole number"),
+    ("--port", "70000", WHOLE + " in 0..65535"), ("--port=-1", None, WHOLE), ("--port", "http", "expected an integer"),
     ("--host", "not a host!!", ADDRESS), ("--host", "", ADDRESS),
-    ("--max-sessions", "0", WHOLE + " at least 1"), ("--max-sessions=-3", None, WHOLE), ("--max-sessions", "2.5", "expected"),
+    ("--max-sessions", "0", WHOLE + " >= 1"), ("--max-sessions=-3", None, WHOLE), ("--max-sessions", "2.5", "expected"),
     ("--max-workers", "0", WHOLE), ("--step-timeout-s", "nan", SECONDS), ("--step-timeout-s", "inf", SECONDS),
     ("--step-timeout-s", "0", SECONDS), ("--step-timeout-s", "1e30", SECONDS), ("--step-timeout-s", "soon", "expected a number"),
     ("--session-ttl-s", "nan", SECONDS), ("--session-ttl-s=-1", None, SECONDS),
@@ -244,9 +244,9 @@ def _tools(**arguments: Any) -> Any:
 
 BAD_ADAPTER_ARGUMENTS = [
     (_verl, {"env_kwargs": ["opponent"]}, "env_kwargs must be a dict"), (_verl, {"options": [1]}, "options must be a dict"),
-    (_verl, {"seeds": [NAN]}, r"seeds\[0\] must be a whole number"), (_verl, {"seeds": [0, True]}, r"seeds\[1\] must be"),
-    (_trl, {"seeds": [2.7]}, r"seeds\[0\] must be a whole number"), (_trl, {"options": "x"}, "options must be a dict"),
-    (_tools, {"seeds": [-1]}, r"seeds\[0\] must be a whole number at least 0"), (_tools, {"options": [1]}, "options must be"),
+    (_verl, {"seeds": [NAN]}, r"seeds\[0\] must be an integer"), (_verl, {"seeds": [0, True]}, r"seeds\[1\] must be"),
+    (_trl, {"seeds": [2.7]}, r"seeds\[0\] must be an integer"), (_trl, {"options": "x"}, "options must be a dict"),
+    (_tools, {"seeds": [-1]}, r"seeds\[0\] must be an integer >= 0"), (_tools, {"options": [1]}, "options must be"),
 ]  # fmt: skip
 
 
@@ -269,7 +269,7 @@ def test_env_rollout_refuses_a_bad_max_new_tokens(bad: Any) -> None:
     from rl_llm.integrations.generic import EnvFactory
     from rl_llm.integrations.trl import EnvRollout
 
-    with pytest.raises(ValueError, match=r"^max_new_tokens must be a whole number"):
+    with pytest.raises(ValueError, match=r"^max_new_tokens must be an integer"):
         EnvRollout(EnvFactory(TTT), max_new_tokens=bad)
 
 
@@ -277,5 +277,5 @@ def test_env_rollout_refuses_a_bad_max_new_tokens(bad: Any) -> None:
 def test_a_social_seat_refuses_a_bad_opponent_seed(bad: Any) -> None:
     from rl_llm.integrations.social_seat import make_env
 
-    with pytest.raises(ValueError, match=r"^opponent_seed must be a whole number"):
+    with pytest.raises(ValueError, match=r"^opponent_seed must be an integer"):
         make_env("social/prisoners_dilemma_v0", opponent="random", opponent_seed=bad)

@@ -514,9 +514,13 @@ def test_a_request_body_over_the_limit_is_refused_413_and_never_held_whole() -> 
         assert "Arm A gave reward" in observation and not terminated and not truncated
 
 
-def test_the_body_limit_flag_takes_positive_mib_only() -> None:
+def test_the_body_limit_flag_takes_positive_mib_only(capsys: pytest.CaptureFixture[str]) -> None:
+    """A usage error like every other flag's: exit 2, one line naming it (it exited 1 with its own words)."""
     from rl_llm.integrations.http_server import main
 
-    for bad in ("0", "-1", "nan", "inf"):
-        with pytest.raises(SystemExit, match="--max-body-mb takes a positive number of MiB"):
+    for bad, why in (("0", "must be positive"), ("-1", "must be positive"), ("nan", "must be a finite number"),
+                     ("inf", "must be a finite number"), ("2e6", "must be <= 1048576.0"), ("big", "expected a number")):
+        with pytest.raises(SystemExit) as stopped:
             main(["--max-body-mb", bad, "--port", "0"])
+        errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+        assert stopped.value.code == 2 and len(errors) == 1 and f"argument --max-body-mb: {why}" in errors[0], errors

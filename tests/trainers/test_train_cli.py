@@ -85,7 +85,7 @@ def test_an_out_that_is_a_file_or_env_kwargs_of_the_wrong_type_are_one_line(tmp_
     assert_one_error_line(train("steps=1", *FAST, "--out", str(a_file)), "is a file, not a directory")
     assert a_file.read_text() == "mine\n"
     # The env's constructor compared num_arms with a number: a TypeError from inside Gymnasium before; now the
-    # env checks its arguments (envs/arguments.py).
+    # env checks its arguments (rl_llm/checks.py).
     result = train("steps=1", *FAST, "env.kwargs.num_arms=abc", "--out", str(tmp_path / "run"))
     assert_one_error_line(result, "num_arms must be an integer, got 'abc'")
 
