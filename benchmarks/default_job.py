@@ -35,6 +35,7 @@ def cpu_seconds() -> float:
 
 def train_once(config: str | None, seed: int, overrides: list[str], out: Path) -> tuple[float, float]:
     """One quiet ``rl-llm train`` run (``config`` None: the default job) into ``out``: (wall s, CPU s)."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # a model-loading bar between the table's rows
     started, cpu = time.perf_counter(), cpu_seconds()
     with contextlib.redirect_stdout(io.StringIO()):
         code = train_main(config, [*QUIET, f"seed={seed}", *overrides], out=str(out))
