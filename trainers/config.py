@@ -64,7 +64,7 @@ class ModelConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # CUDA only: the same config and seed give the same run on the same machine and batch layout. Sets
     # torch.use_deterministic_algorithms(True, warn_only=True), strict during backward passes (warn_only
-    # leaves attention's backward non-deterministic), cuDNN deterministic without autotuning, and
+    # leaves attention's backward non-deterministic), cuDNN deterministic without autotuning, cuDNN's SDPA off, and
     # CUBLAS_WORKSPACE_CONFIG=:4096:8 (unless set). Costs speed: some kernels (scatter/index_add, attention
     # backward) take slower deterministic paths; an op without one warns, or in a backward pass stops the run
     # with a line naming it. No effect on CPU runs.

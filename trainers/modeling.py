@@ -85,6 +85,10 @@ def make_deterministic(device: torch.device, enabled: bool = True) -> bool:
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
+    # SDPA picks its backend in the forward pass, which runs under warn_only, where cuDNN's attention may be
+    # picked; its backward has no deterministic kernel, so the strict backward would then refuse it and stop
+    # the run. Flash and memory-efficient attention (and the math path) have deterministic backwards.
+    torch.backends.cuda.enable_cudnn_sdp(False)
     return True
 
 

@@ -294,6 +294,7 @@ def cuda_switches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object]]:
     calls: list[tuple[str, object]] = []
     monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda mode, warn_only=False: calls.append(
         ("use_deterministic_algorithms", (mode, warn_only))))  # fmt: skip
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", lambda enabled: calls.append(("enable_cudnn_sdp", enabled)))
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", False)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
@@ -306,7 +307,8 @@ def test_deterministic_cuda_settings_are_applied_on_cuda_only(cuda_switches: lis
     assert not make_deterministic(torch.device("cuda", 0), False)  # model.deterministic=false
     assert not cuda_switches and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
     assert make_deterministic(torch.device("cuda", 0), True)
-    assert cuda_switches == [("use_deterministic_algorithms", (True, True))]
+    # cuDNN's attention is off: its backward has no deterministic kernel for the strict backward to take
+    assert cuda_switches == [("use_deterministic_algorithms", (True, True)), ("enable_cudnn_sdp", False)]
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
 
