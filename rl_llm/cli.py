@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import rl_llm
-from rl_llm.console import ArgumentParser, make_console
+from rl_llm.console import ArgumentParser, count_flag, make_console
 from rl_llm.envs.registration import ENVIRONMENTS, env_ids
 from rl_llm.errors import RLLMError
 from rl_llm.paths import load_yaml, yaml_problem
@@ -56,24 +56,10 @@ def social_game(name: str) -> str | None:
     return None
 
 
-def positive_int(text: str) -> int:
-    """argparse type of counts such as --episodes: 0 or fewer would print a table of NaN and exit 0."""
-    return whole_number(text, 1)
-
-
-def seed_int(text: str) -> int:
-    """argparse type of --seed: a negative one fails in numpy as "expected non-negative integer", naming no option."""
-    return whole_number(text, 0)
-
-
-def whole_number(text: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-    return value
+# argparse types of counts such as --episodes (0 or fewer printed a table of NaN and exited 0) and of --seed (a
+# negative one failed in numpy as "expected non-negative integer", naming no option): rl_llm/checks.py's words.
+positive_int = count_flag(1)
+seed_int = count_flag(0)
 
 
 def out_file(out: str | None, default: str) -> Path:

@@ -57,11 +57,11 @@ def test_eval_prints_a_table_and_writes_one_jsonl_line_per_episode(tmp_path: Pat
     (("eval", "MultiArmedBandit", "--agent", "ucb", "-k", "num_arms=abc"), "num_arms"),
     (("eval", "prisoners_dilemma", "--agents", "tit_for_tat", "-k", "num_rounds=abc"), "num_rounds"),
     # no episodes: a table of NaN and exit status 0 before
-    (("eval", "MultiArmedBandit", "--agent", "ucb", "--episodes", "0"), "--episodes: must be at least 1, got 0"),
-    (("view", ".", "--episodes", "-1"), "--episodes: must be at least 1, got -1"),  # a page of no episodes before
+    (("eval", "MultiArmedBandit", "--agent", "ucb", "--episodes", "0"), "--episodes: must be an integer >= 1, got 0"),
+    (("view", ".", "--episodes", "-1"), "--episodes: must be an integer >= 1, got -1"),  # a page of no episodes before
     # numpy's "expected non-negative integer" before, naming no option
-    (("eval", "MultiArmedBandit", "--agent", "ucb", "--seed", "-1"), "--seed: must be at least 0, got -1"),
-    (("bench", "MultiArmedBandit", "--seed", "-1"), "--seed: must be at least 0, got -1"),
+    (("eval", "MultiArmedBandit", "--agent", "ucb", "--seed", "-1"), "--seed: must be an integer >= 0, got -1"),
+    (("bench", "MultiArmedBandit", "--seed", "-1"), "--seed: must be an integer >= 0, got -1"),
     (("eval", "MultiArmedBandit", "--agent", "ucb", "-k", "num_arms=["), "'[' is no YAML value"),  # a traceback before
     # a key given twice: the last won silently before (as `rl-llm train`'s overrides, below)
     (("eval", "MultiArmedBandit", "--agent", "ucb", "-k", "num_arms=3", "-k", "num_arms=5"),
