@@ -17,11 +17,19 @@ import pytest
 from rl_llm.checks import MAX_SECONDS
 from rl_llm.integrations.http_client import EnvClient, EnvServerError
 from rl_llm.integrations.http_server import BackgroundServer, EnvServer, ServerConfig
+from tests.extras import import_extra
 from tests.integrations.test_http_server import TTT
 
 HTTP_SERVER = "rl_llm.integrations.http_server"
 OPENENV = "rl_llm.integrations.openenv"
 NAN, INF = float("nan"), float("inf")
+
+
+@pytest.fixture
+def openenv() -> None:
+    """The OpenEnv server's cases skip without openenv-core (the dev extra has none), and fail where the run
+    requires the extra."""
+    import_extra("openenv.core", "openenv", "openenv-core: pip install 'rl-llm[openenv]'")
 
 
 def run_cli(module: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -65,6 +73,7 @@ OPENENV_FLAGS = [
 
 
 @pytest.mark.parametrize(("flag", "value", "message"), OPENENV_FLAGS)
+@pytest.mark.usefixtures("openenv")
 def test_the_openenv_servers_bad_flags_exit_2_with_one_line_naming_the_flag(flag: str, value: str, message: str) -> None:
     assert_flag_refused(run_cli(OPENENV, "--env", TTT, flag, value), flag, message)
 
@@ -136,6 +145,7 @@ BAD_APP_ARGUMENTS = [
 
 
 @pytest.mark.parametrize(("name", "value", "message"), BAD_APP_ARGUMENTS)
+@pytest.mark.usefixtures("openenv")
 def test_create_openenv_app_refuses_a_bad_argument_naming_it(name: str, value: Any, message: str) -> None:
     from rl_llm.integrations.openenv import create_openenv_app
 
@@ -143,6 +153,7 @@ def test_create_openenv_app_refuses_a_bad_argument_naming_it(name: str, value: A
         create_openenv_app(TTT, **{name: value})
 
 
+@pytest.mark.usefixtures("openenv")
 def test_create_openenv_app_edge_values_build() -> None:
     from fastapi.testclient import TestClient
 
