@@ -24,7 +24,7 @@ from typing import Any, NoReturn, TypeVar
 
 import httpx
 
-from rl_llm.checks import MAX_SECONDS, integer, real, seconds
+from rl_llm.checks import integer, seconds
 from rl_llm.errors import RLLMError
 
 T = TypeVar("T")
@@ -74,7 +74,7 @@ def client_options(*, timeout_s: Any = 60.0, max_retries: Any = 3, backoff_s: An
     return {
         "timeout_s": seconds("timeout_s", timeout_s),
         "max_retries": integer("max_retries", max_retries),
-        "backoff_s": real("backoff_s", backoff_s, minimum=0.0, maximum=MAX_SECONDS),
+        "backoff_s": seconds("backoff_s", backoff_s, allow_zero=True),
         "max_concurrency": integer("max_concurrency", max_concurrency, minimum=1),
         "max_response_bytes": integer("max_response_bytes", max_response_bytes, minimum=1),
     }

@@ -81,7 +81,7 @@ from rl_llm.agents.env_output import game_problem, reset_problem, step_problem
 from rl_llm.agents.http_client import ContextLengthExceeded
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy
 from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy, as_completion
-from rl_llm.checks import MAX_SECONDS, integer, real, seed_list
+from rl_llm.checks import integer, seconds, seed_list
 from rl_llm.envs.registration import arguments_error
 from rl_llm.types import Message, TokenRole, Trajectory, Turn
 
@@ -218,7 +218,7 @@ class RolloutEngine:
                                 ("max_batch_size", max_batch_size), ("max_context_tokens", max_context_tokens))
         )  # fmt: skip
         if gather_timeout_s is not None:  # 0: send each batch at once
-            gather_timeout_s = real("gather_timeout_s", gather_timeout_s, minimum=0.0, maximum=MAX_SECONDS)
+            gather_timeout_s = seconds("gather_timeout_s", gather_timeout_s, allow_zero=True)
         self.policy = policy
         self.llm: LLMPolicy | None = policy if isinstance(policy, LLMPolicy) else None
         if self.llm is not None and tokenizer is not None:

@@ -70,8 +70,9 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 # -- settings an operator gives, on a Python argument (ValueError naming it) or as an argparse type (``error:
-# argument --flag: ...``), with rl_llm/checks.py's checks and words. Unchecked, a NaN timeout timed every call out at once, a 0 limit refused
-# every request and a port past 65535 was bound modulo 65536 or failed deep in the server with a traceback.
+# argument --flag: ...``), with rl_llm/checks.py's checks and words. Unchecked, a NaN timeout timed every call
+# out at once, a 0 limit refused every request and a port past 65535 was bound modulo 65536 or failed deep in
+# the server with a traceback.
 def checked_port(name: str, value: Any) -> int:
     """A TCP port: 0 (any free one) to 65535."""
     return integer(name, value, minimum=0, maximum=65535)
