@@ -12,7 +12,7 @@ once it passes the limit (or its Content-Length says it will), so an endless bod
 not a process killed for memory. Like other malformed bodies it is retried: it costs at most the limit per try.
 After the last attempt a ``BackendError`` names the URL, the attempts and the last failure; a prompt longer
 than the model's context window is a ``ContextLengthExceeded`` (a ``BackendError``), so callers can tell it
-from a failure. ``check_base_url`` refuses a URL that no request could be sent to, when the client is made.
+from a failure. ``rl_llm.urls.check_server_url`` refuses a URL that no request could be sent to, when the client is made.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import httpx
 
 from rl_llm.checks import integer, seconds
 from rl_llm.errors import RLLMError
+from rl_llm.urls import check_server_url, shown_url
 
 T = TypeVar("T")
 RETRYABLE_STATUS = frozenset({408, 409, 429})
@@ -97,7 +98,7 @@ class RetryingJSONClient:
     ) -> None:
         options = client_options(timeout_s=timeout_s, max_retries=max_retries, backoff_s=backoff_s,
                                  max_concurrency=max_concurrency, max_response_bytes=max_response_bytes)  # fmt: skip
-        self.base_url = check_base_url(base_url).rstrip("/")
+        self.base_url = check_server_url("base_url", base_url).rstrip("/")
         self.headers = dict(headers or {})
         self.timeout_s = options["timeout_s"]
         self.max_retries = options["max_retries"]
@@ -284,32 +285,6 @@ def _size(count: int) -> str:
     return f"{count} bytes"
 
 
-def check_base_url(base_url: str) -> str:
-    """``base_url`` when requests can be sent to it; else a ``ValueError`` saying why (httpx would only fail at
-    the first request, deep inside its transport: an invalid port, no host, a query the path would follow)."""
-    try:
-        url = httpx.URL(base_url)
-    except httpx.InvalidURL as error:
-        raise ValueError(f"invalid server URL {base_url!r}: {error}") from None
-    if url.scheme not in ("http", "https"):
-        raise ValueError(f"the server URL must start with http:// or https://, got {base_url!r}")
-    if not url.host:
-        raise ValueError(f"the server URL {base_url!r} has no host")
-    if url.port is not None and not 0 < url.port < 65536:
-        raise ValueError(f"the server URL {base_url!r} has port {url.port}, outside 1-65535")
-    if url.query or url.fragment:
-        raise ValueError(f"the server URL {base_url!r} has a query or fragment; request paths are appended to it")
-    return base_url
-
-
-def shown_url(base_url: str) -> str:
-    """``base_url`` as names and messages show it: credentials in it (``https://user:key@host/v1``, or a token
-    as the user name) as ``***``. A policy's name goes into every trajectory record, bench result and log line."""
-    try:
-        url = httpx.URL(base_url)
-    except httpx.InvalidURL:
-        return base_url
-    return str(url.copy_with(username="***", password=None)) if url.userinfo else base_url
 
 
 def _snippet(text: str, limit: int = 300) -> str:

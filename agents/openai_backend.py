@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from rl_llm.agents.aio import run_sync
-from rl_llm.agents.http_client import MAX_RESPONSE_BYTES, RetryingJSONClient, require, shown_url
+from rl_llm.agents.http_client import MAX_RESPONSE_BYTES, RetryingJSONClient, require
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams
 from rl_llm.agents.policy import Completion
-from rl_llm.urls import is_http_url
+from rl_llm.urls import check_server_url, shown_url
 
 MAX_STOP_STRINGS = 4
 
@@ -47,8 +47,7 @@ class OpenAIPolicy(LLMPolicy):
         extra_body: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(sampling, stop)
-        if not is_http_url(base_url):
-            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+        check_server_url("base_url", base_url)
         if not model:
             raise ValueError("a model name is required (spec openai:URL#MODEL)")
         self.model_name = model

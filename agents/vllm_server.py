@@ -44,16 +44,15 @@ from rl_llm.agents.http_client import (
     MalformedResponse,
     ResponseTooLarge,
     RetryingJSONClient,
-    check_base_url,
     client_options,
     get_capped,
     require,
-    shown_url,
 )
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams, named_draw_seed
 from rl_llm.agents.policy import Completion
 from rl_llm.agents.vllm_backend import _load_tokenizer, engine_arg_names, require_vllm
 from rl_llm.checks import integer
+from rl_llm.urls import check_server_url, shown_url
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +111,7 @@ class VLLMServerPolicy(LLMPolicy):
         # hf backend seeds them (named_draw_seed); without one the server's own sampling stream is used.
         self.seed = None if seed is None else integer("seed", seed)
         self.model_name = model
-        check_base_url(base_url)  # before the tokenizer, which may go to the Hub: a bad URL is said at once
+        check_server_url("base_url", base_url)  # before the tokenizer, which may go to the Hub: a bad URL is said at once
         self.tokenizer = tokenizer if tokenizer is not None else _load_tokenizer(model)
         self.server = server
         self._connect(base_url)

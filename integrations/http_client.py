@@ -22,6 +22,7 @@ from rl_llm import checks
 from rl_llm.envs.base import MAX_TEXT_LENGTH
 from rl_llm.envs.spaces import UnicodeText
 from rl_llm.errors import RLLMError
+from rl_llm.urls import check_server_url, shown_url
 
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 MAX_RETRY_AFTER_S = 10.0
@@ -54,7 +55,7 @@ class EnvClient:
                  busy_retries: int = 3) -> None:  # fmt: skip
         # Checked here, not at the first request: a NaN or infinite timeout failed there as a bare ValueError or
         # OverflowError, busy_retries=-1 as UnboundLocalError, and a URL without http:// as "unreachable".
-        url = _checked_url(base_url)
+        url = check_server_url("base_url", base_url)
         self._http = httpx.Client(base_url=url, timeout=checks.seconds("timeout", timeout), transport=transport)
         self.busy_retries = checks.integer("busy_retries", busy_retries)
 
@@ -63,7 +64,7 @@ class EnvClient:
             try:
                 response = self._http.request(method, path, json=body)
             except httpx.TransportError as error:  # refused, reset, timed out: a clear error, never a hang
-                raise EnvServerUnavailable(str(self._http.base_url), f"{method} {path}", sessions, error) from None
+                raise EnvServerUnavailable(shown_url(str(self._http.base_url)), f"{method} {path}", sessions, error) from None
             # 503 with Retry-After: the server's env-call queue is full and nothing ran; wait as it asks, a
             # bounded number of times (docs/serving.md#limits-and-back-pressure). 429 (max_sessions) is not
             # retried: sessions free up only when some client closes them.
@@ -80,7 +81,7 @@ class EnvClient:
             return response.json()
         except ValueError:  # not an env server there (a web page, a proxy's reply)
             raise EnvServerError(response.status_code, f"{method} {path} answered non-JSON {response.text[:200]!r}; "
-                                 f"is {self._http.base_url} an rl-llm env server?") from None  # fmt: skip
+                                 f"is {shown_url(str(self._http.base_url))} an rl-llm env server?") from None  # fmt: skip
 
     # -- sessions ---------------------------------------------------------------------------------------------
     def create(self, env_id: str, count: int = 1, **kwargs: Any) -> list[str]:
@@ -130,17 +131,6 @@ class EnvClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _checked_url(base_url: Any) -> httpx.URL:
-    """The server's ``http://`` or ``https://`` URL, or a ValueError naming ``base_url``."""
-    try:
-        url = httpx.URL(base_url)
-    except (TypeError, httpx.InvalidURL) as error:
-        raise ValueError(f"base_url must be the server's http:// URL, got {base_url!r} ({error})") from None
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ValueError(f"base_url must be the server's http:// URL, such as http://127.0.0.1:8000, got {base_url!r}")
-    return url
 
 
 def _segment(session_id: Any) -> str:

@@ -8,9 +8,10 @@ from typing import Any
 
 import httpx
 
+from rl_llm import checks
 from rl_llm.envs.retrieval.base import Hit, RetrievalError, check_queries
 from rl_llm.envs.retrieval.corpus import Passage, split_contents
-from rl_llm.urls import is_http_url
+from rl_llm.urls import check_server_url, shown_url
 
 
 def passage_from_document(document: dict[str, Any]) -> Passage:
@@ -38,11 +39,10 @@ class RetrieverClient:
     requests of ``max_batch`` queries."""
 
     def __init__(self, url: str, *, timeout: float = 30.0, max_batch: int = 256) -> None:
-        if not is_http_url(url):
-            raise ValueError(f"retriever url must start with http:// or https://, got {url!r}")
-        self.url = url.rstrip("/")
-        self.max_batch = max_batch
-        self._http = httpx.Client(timeout=timeout)
+        self.url = check_server_url("the retriever url", url).rstrip("/")
+        self.max_batch = checks.integer("max_batch", max_batch, minimum=1)
+        self._http = httpx.Client(timeout=checks.seconds("timeout", timeout))
+        self._shown = shown_url(self.url)  # for messages: credentials in the URL stay out of logs
 
     def search(self, query: str, k: int = 3) -> list[Hit]:
         return self.search_batch([query], k)[0]
@@ -55,7 +55,7 @@ class RetrieverClient:
             payload = self._post("/retrieve", {"queries": chunk, "topk": k, "return_scores": True})
             rows = payload.get("result") if isinstance(payload, dict) else None
             if not isinstance(rows, list) or len(rows) != len(chunk) or not all(isinstance(r, list) for r in rows):
-                raise RetrievalError(f"retriever at {self.url} sent a malformed response (no 'result' list per query)")
+                raise RetrievalError(f"retriever at {self._shown} sent a malformed response (no 'result' list per query)")
             results += [[self._hit(item) for item in row] for row in rows]
         return results
 
@@ -64,7 +64,7 @@ class RetrieverClient:
             score = item.get("score", 0.0)
             # a null or text score was a TypeError or ValueError out of float(), not an answer the env reports
             if isinstance(score, bool) or not isinstance(score, (int, float)):
-                raise RetrievalError(f"retriever at {self.url} sent a malformed response (score {score!r} is not a "
+                raise RetrievalError(f"retriever at {self._shown} sent a malformed response (score {score!r} is not a "
                                      f"number)")  # fmt: skip
             return Hit(passage_from_document(item["document"]), float(score))
         if isinstance(item, dict):
@@ -77,21 +77,21 @@ class RetrieverClient:
             response.raise_for_status()
             return response.json()
         except (httpx.HTTPError, ValueError) as exc:
-            raise RetrievalError(f"retriever at {self.url} is not healthy: {exc}") from exc
+            raise RetrievalError(f"retriever at {self._shown} is not healthy: {exc}") from exc
 
     def _post(self, path: str, body: dict[str, Any]) -> Any:
         try:
             response = self._http.post(self.url + path, json=body)
         except httpx.HTTPError as exc:
-            raise RetrievalError(f"retriever at {self.url} is unreachable: {type(exc).__name__}: {exc}") from exc
+            raise RetrievalError(f"retriever at {self._shown} is unreachable: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
-            raise RetrievalError(f"retriever at {self.url} answered HTTP {response.status_code}: {response.text[:200]}")
+            raise RetrievalError(f"retriever at {self._shown} answered HTTP {response.status_code}: {response.text[:200]}")
         try:
             return response.json()
         except ValueError as exc:
-            raise RetrievalError(f"retriever at {self.url} sent invalid JSON") from exc
+            raise RetrievalError(f"retriever at {self._shown} sent invalid JSON") from exc
         except RecursionError:  # nested past the parser's limit: it raised out of the env's step
-            raise RetrievalError(f"retriever at {self.url} sent invalid JSON (nested too deeply)") from None
+            raise RetrievalError(f"retriever at {self._shown} sent invalid JSON (nested too deeply)") from None
 
     def close(self) -> None:
         """Close its pooled HTTP connections; an env that made this client from a URL closes it on ``close()``."""
