@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from rl_llm.checks import MAX_SECONDS, seconds
+from rl_llm.checks import seconds
 from rl_llm.errors import RLLMError
 
 if TYPE_CHECKING:
@@ -104,8 +104,7 @@ class SandboxLimits:
                 # The bound: bash's ulimit takes kilobytes and refused 1e15 MB ("limit out of range"), which
                 # failed every command of the sandbox with exit code 125 instead of refusing the limit.
                 raise ValueError(f"SandboxLimits.{field.name} must be a positive number up to 2**40, got {value!r}")
-        if self.wall_timeout > MAX_SECONDS:
-            raise ValueError(f"SandboxLimits.wall_timeout must be at most {MAX_SECONDS:,.0f} s, got {self.wall_timeout!r}")
+        seconds("SandboxLimits.wall_timeout", self.wall_timeout)  # the words and bound of run(timeout=...)
         if self.max_processes < 8:
             raise ValueError("SandboxLimits.max_processes must be at least 8 (the shell itself needs a few)")
         if self.max_open_files < 16:
