@@ -31,6 +31,8 @@ from fastapi.encoders import jsonable_encoder
 from pydantic_core import PydanticSerializationError, to_json
 from starlette.responses import JSONResponse
 
+from rl_llm import checks
+
 Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -148,9 +150,7 @@ class BodyLimit:
     """
 
     def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES) -> None:
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
-            raise ValueError(f"max_bytes must be a positive whole number of bytes, got {max_bytes!r}")
-        self.app, self.max_bytes = app, max_bytes
+        self.app, self.max_bytes = app, checks.integer("max_bytes", max_bytes, minimum=1)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -524,3 +524,11 @@ def test_the_body_limit_flag_takes_positive_mib_only(capsys: pytest.CaptureFixtu
             main(["--max-body-mb", bad, "--port", "0"])
         errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
         assert stopped.value.code == 2 and len(errors) == 1 and f"argument --max-body-mb: {why}" in errors[0], errors
+
+
+@pytest.mark.parametrize("max_bytes", [0, -1, 2.5, True, "1024"])
+def test_the_body_limit_refuses_a_bad_size_in_the_checks_words(max_bytes: Any) -> None:
+    from rl_llm.integrations.fast_routes import BodyLimit
+
+    with pytest.raises(ValueError, match=r"^max_bytes must be an integer"):
+        BodyLimit(None, max_bytes=max_bytes)
