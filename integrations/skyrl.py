@@ -28,7 +28,8 @@ from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
-from rl_llm.integrations.generic import MessageEnv
+from rl_llm import checks
+from rl_llm.integrations.generic import MessageEnv, checked_mapping
 from rl_llm.integrations.social_seat import SOCIAL_PREFIX, make_env
 
 TASK_KEY = "rl_llm_task"
@@ -116,11 +117,12 @@ def register_skyrl_envs() -> list[str]:
 def make_skyrl_dataset(env_id: str, seeds: Iterable[int], options: Mapping[str, Any] | None = None,
                        **env_kwargs: Any) -> list[dict[str, Any]]:  # fmt: skip
     """SkyRL dataset rows (``prompt``, ``env_class``, ``extra_info``), one per seed; write them to parquet."""
+    seeds, options = checks.seed_list(seeds), checked_mapping("options", options)  # before an env is made
     env = MessageEnv(make_env(env_id, **env_kwargs))
     rows = []
     try:
         for seed in seeds:
-            task = {"seed": int(seed), "options": dict(options or {})}
+            task = {"seed": seed, "options": options}
             # The task goes in as JSON (as in integrations/verl.py): SkyRL reads its dataset from parquet, which
             # cannot store the empty ``options`` struct and would merge different rows' options into one schema.
             rows.append({"prompt": env.reset(task), "env_class": env_id, "extra_info": {TASK_KEY: json.dumps(task)}})

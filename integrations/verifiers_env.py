@@ -32,7 +32,8 @@ if not hasattr(vf, "MultiTurnEnv"):  # verifiers >= 0.3: the classic API is gone
     raise ImportError(f"rl_llm.integrations.verifiers_env is the verifiers 0.2 adapter; verifiers "
                       f"{getattr(vf, '__version__', '?')} is installed: use rl_llm.integrations.verifiers_v1")
 
-from rl_llm.integrations.generic import MessageEnv
+from rl_llm import checks
+from rl_llm.integrations.generic import MessageEnv, checked_mapping
 from rl_llm.integrations.social_seat import make_env
 
 TASK_KEY = "rl_llm_task"
@@ -108,11 +109,12 @@ def make_dataset(env_id: str, seeds: Sequence[int], options: Mapping[str, Any] |
     """A ``datasets.Dataset`` of the env's opening conversations: ``prompt``, ``answer`` (empty), ``info``."""
     from datasets import Dataset
 
+    seeds, options = checks.seed_list(seeds), checked_mapping("options", options)  # before an env is made
     env = MessageEnv(make_env(env_id, **env_kwargs))
     rows = []
     try:
         for seed in seeds:
-            task = {"seed": int(seed), "options": dict(options or {})}
+            task = {"seed": seed, "options": options}
             rows.append({"prompt": env.reset(task), "answer": "", "info": {TASK_KEY: task, "env_id": env_id}})
     finally:
         env.close()

@@ -108,3 +108,14 @@ def test_dataset_rows_survive_parquet_as_skyrl_reads_them(tmp_path: Path) -> Non
     env = skyrl_gym.make("rl-llm/MultiArmedBandit-v0", env_config={}, extras=as_dict)
     assert env.init([])[0] == rows[0]["prompt"]
     env.close()
+
+
+@pytest.mark.parametrize(("seeds", "options", "message"), [
+    ([1, float("nan")], None, r"^seeds\[1\] must be an integer, got nan$"),  # int(nan): "cannot convert float NaN"
+    ([2.5], None, r"^seeds\[0\] must be an integer, got 2.5$"),  # int(2.5) quietly played seed 2
+    ([-1], None, r"^seeds\[0\] must be an integer >= 0, got -1$"),
+    ([0], ["opponent"], r"^options must be a dict, got list"),  # dict(["opponent"]): "update sequence element #0"
+])  # fmt: skip
+def test_dataset_rows_refuse_a_bad_seed_or_options_in_the_other_adapters_words(seeds, options, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_skyrl_dataset("rl-llm/MultiArmedBandit-v0", seeds=seeds, options=options)
