@@ -22,6 +22,8 @@ from typing import Any
 # About 11.5 days: past any episode's, command's or session's budget, short of where the clocks and waits
 # overflow (``inf`` or ``1e30`` passed ``> 0`` and raised OverflowError deep inside a wait or a socket).
 MAX_SECONDS = 1_000_000.0
+# The largest magnitude of a reward-scale setting: far past any reward a run trains on, far short of overflow.
+MAX_REWARD = 1_000_000.0
 
 
 def integer(name: str, value: Any, *, minimum: int = 0, maximum: int | None = None) -> int:
@@ -45,6 +47,13 @@ def real(name: str, value: Any, *, minimum: float | None = None, maximum: float 
         bound = f">= {minimum}" if maximum is None else f"<= {maximum}" if minimum is None else f"in [{minimum}, {maximum}]"
         raise ValueError(f"{name} must be {bound}, got {value!r}")
     return float(value)
+
+
+def reward(name: str, value: Any, *, minimum: float = -MAX_REWARD) -> float:
+    """A reward-scale setting (a penalty, a weight, an arm's mean, a noise level): a finite float in
+    ``[minimum, MAX_REWARD]``. Finite is not enough: near 1e308 the env's own arithmetic on two of them (a
+    difference, a sum of reward terms, the cumulative regret) overflows to inf, and then NaN."""
+    return real(name, value, minimum=minimum, maximum=MAX_REWARD)
 
 
 def seconds(name: str, value: Any, *, allow_zero: bool = False) -> float:

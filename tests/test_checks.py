@@ -18,6 +18,8 @@ from rl_llm import checks
     (lambda: checks.integer("seed", -1), r"^seed must be an integer >= 0, got -1$"),
     (lambda: checks.real("p", 1.5, minimum=0.0, maximum=1.0), r"^p must be in \[0.0, 1.0\], got 1.5$"),
     (lambda: checks.real("p", math.nan), r"^p must be a finite number, got nan$"),
+    (lambda: checks.reward("w", 1e308), r"^w must be in \[-1000000.0, 1000000.0\], got 1e\+308$"),
+    (lambda: checks.reward("penalty", -0.5, minimum=0.0), r"^penalty must be in \[0.0, 1000000.0\], got -0.5$"),
     (lambda: checks.seconds("t", 1e30), r"^t must be a positive number of seconds, at most 1,000,000, got 1e\+30$"),
     (lambda: checks.seconds("t", math.inf), r"^t must be a positive number of seconds, at most 1,000,000, got inf$"),
     (lambda: checks.seconds("t", 0), r"^t must be a positive number of seconds"),

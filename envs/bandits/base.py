@@ -72,7 +72,7 @@ class BanditEnv(TextEnv):
             raise ValueError(f"history must be one of {HISTORY_MODES}, got {history!r}")
         if reward_mode not in REWARD_MODES:
             raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {reward_mode!r}")
-        invalid_action_penalty = checks.real("invalid_action_penalty", invalid_action_penalty, minimum=0.0)
+        invalid_action_penalty = checks.reward("invalid_action_penalty", invalid_action_penalty, minimum=0.0)
         # Every turn is one pull (an invalid turn pulls a random arm), so the horizon is the turn limit.
         super().__init__(max_turns=horizon, render_mode=render_mode)
         self.num_arms = num_arms

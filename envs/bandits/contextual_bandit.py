@@ -103,7 +103,7 @@ class ContextualBanditEnv(BanditEnv):
         # The episode's contexts and noise are drawn at reset (see _draw_instance): a horizon of 10**9 would
         # ask for tens of gigabytes there, so it is bounded here, far past any LLM episode.
         checks.integer("horizon", horizon, minimum=1, maximum=MAX_HORIZON)
-        self.noise = checks.real("noise", noise, minimum=0.0)
+        self.noise = checks.reward("noise", noise, minimum=0.0)
         self.linucb_alpha = checks.real("linucb_alpha", linucb_alpha, minimum=0.0)
 
     def _draw_instance(self, options: dict[str, Any]) -> str:

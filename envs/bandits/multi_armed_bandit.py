@@ -88,7 +88,7 @@ class MultiArmedBanditEnv(BanditEnv):
                 raise ValueError("gap needs distribution='bernoulli'")
         self.distribution = distribution
         self.gap = gap
-        self.sigma = checks.real("sigma", sigma, positive=True)
+        self.sigma = checks.real("sigma", sigma, positive=True, maximum=checks.MAX_REWARD)
         self.fixed_means = None if means is None else self._check_means(means)
         self.ucb_c = checks.real("ucb_c", ucb_c, minimum=0.0)
 
@@ -99,8 +99,9 @@ class MultiArmedBanditEnv(BanditEnv):
             raise ValueError(f"means must be a list of {self.num_arms} numbers, got {means!r}"[:300]) from None
         if array.shape != (self.num_arms,):
             raise ValueError(f"means must have {self.num_arms} entries, got shape {array.shape}")
-        if not np.isfinite(array).all():
-            raise ValueError(f"means must be finite numbers, got {array.tolist()}")
+        if not (np.abs(array) <= checks.MAX_REWARD).all():  # NaN too; near 1e308, best - worst overflowed
+            raise ValueError(f"means must be finite numbers in [-{checks.MAX_REWARD:g}, {checks.MAX_REWARD:g}], "
+                             f"got {array.tolist()}")
         if self.distribution == "bernoulli" and not ((array >= 0) & (array <= 1)).all():
             raise ValueError("Bernoulli means must lie in [0, 1]")
         return array

@@ -57,7 +57,8 @@ class MathEnv(TextEnv):
 
     ## Episode End
     Terminated on the first turn with a final answer, right or wrong. Truncated after ``max_turns`` turns
-    without one (default 1: one response per problem, as in UFO and multi-attempt RL).
+    without one (default 2: a reply with no final answer gets one more turn; ``max_turns=1`` is one response
+    per problem, as in UFO and multi-attempt RL).
 
     ## Info
     On reset: ``system_prompt``, ``task_id`` (``math-{family}-d{difficulty}-{seed}``), ``stop``, ``family``,
@@ -94,7 +95,7 @@ class MathEnv(TextEnv):
             raise ImportError(f"rl-llm/Math-v0 needs reasoning-gym and math-verify: {missing}")
         if answer_format not in FORMATS:
             raise ValueError(f"answer_format must be one of {FORMATS}, got {answer_format!r}")
-        format_penalty = checks.real("format_penalty", format_penalty, minimum=0.0)
+        format_penalty = checks.reward("format_penalty", format_penalty, minimum=0.0)
         self.families = check_families(families, difficulty)
         self.difficulty = int(difficulty)
         self.answer_format = answer_format
@@ -109,7 +110,7 @@ class MathEnv(TextEnv):
         family = options.get("family")
         if family is None:
             family = self.families[int(self.np_random.integers(len(self.families)))]
-        elif family not in FAMILIES:
+        elif not isinstance(family, str) or family not in FAMILIES:  # a list was "unhashable type"
             raise ValueError(f"options['family'] must be one of {sorted(FAMILIES)}, got {family!r}")
         seed = int(self.np_random.integers(2**31))
         self.current_task = generate(family, self.difficulty, seed)

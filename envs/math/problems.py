@@ -14,7 +14,9 @@ polynomial families (rounding and root-list conventions that a value check does 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Any
 
 #: family -> (reasoning-gym dataset name, config per difficulty level 1..3)
@@ -82,11 +84,15 @@ def reasoning_gym_import_error() -> str | None:
 
 
 def check_families(families: tuple[str, ...] | list[str], difficulty: int) -> tuple[str, ...]:
+    """``families`` as a tuple of known family names, once ``difficulty`` is one of ``DIFFICULTIES`` (an int:
+    2.0 equals 2 to Python, True equals 1)."""
+    if isinstance(families, str) or not isinstance(families, Iterable):  # None was "not iterable", "gcd" 3 letters
+        raise ValueError(f"families must be a non-empty list of {sorted(FAMILIES)}, got {families!r}")
     families = tuple(families)
-    unknown = [family for family in families if family not in FAMILIES]
+    unknown = [family for family in families if not isinstance(family, str) or family not in FAMILIES]
     if not families or unknown:
         raise ValueError(f"families must be a non-empty subset of {sorted(FAMILIES)}, got {families!r}")
-    if isinstance(difficulty, bool) or difficulty not in DIFFICULTIES:
+    if isinstance(difficulty, bool) or not isinstance(difficulty, Integral) or difficulty not in DIFFICULTIES:
         raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
     return families
 

@@ -60,14 +60,25 @@ class DataFormatError(RLLMError, ValueError):
 
 
 def _json_lines(path: Path) -> Iterable[tuple[int, dict[str, Any]]]:
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    """Each line's JSON object with its line number; any line that is not one is a ``DataFormatError`` naming
+    the file and line (bytes that are not UTF-8, an integer past Python's 4,300 digits, nesting past the
+    parser's recursion limit were each a bare error naming neither)."""
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataFormatError(f"{path}:{number}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataFormatError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            except RecursionError:
+                raise DataFormatError(f"{path}:{number}: not valid JSON (nested too deeply)") from None
+            except ValueError as exc:  # int() past sys.get_int_max_str_digits
+                raise DataFormatError(f"{path}:{number}: not valid JSON ({exc})") from None
             if not isinstance(record, dict):
                 raise DataFormatError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
             yield number, record
@@ -111,15 +122,20 @@ def load_qa(path: str | os.PathLike[str]) -> list[QAExample]:
         if not isinstance(answers, list) or not answers or not all(isinstance(a, (str, int, float)) for a in answers):
             raise DataFormatError(f"{path}:{number}: 'answers' must be a non-empty list of strings")
         optimal = record.get("optimal_tool_calls")
-        if optimal is not None and (not isinstance(optimal, int) or optimal < 0):
+        if optimal is not None and (isinstance(optimal, bool) or not isinstance(optimal, int) or optimal < 0):
             raise DataFormatError(f"{path}:{number}: 'optimal_tool_calls' must be a non-negative integer")
+        oracle = record.get("oracle_queries", [])
+        if isinstance(oracle, str) or not isinstance(oracle, list):
+            oracle = [oracle] if isinstance(oracle, str) else None
+        if oracle is None or not all(isinstance(query, str) for query in oracle):
+            raise DataFormatError(f"{path}:{number}: 'oracle_queries' must be a list of strings")
         examples.append(
             QAExample(
                 id=str(record.get("id", f"{path.stem}-{len(examples)}")),
                 question=question.strip(),
                 answers=tuple(str(answer) for answer in answers),
                 optimal_tool_calls=optimal,
-                oracle_queries=tuple(str(q) for q in record.get("oracle_queries", ())),
+                oracle_queries=tuple(oracle),
                 meta=record.get("meta", {}) if isinstance(record.get("meta"), dict) else {},
             )
         )

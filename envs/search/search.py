@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from rl_llm import checks
@@ -101,9 +102,9 @@ class SearchEnv(TextEnv):
         max_answer_words: int | None = None,
         render_mode: str | None = None,
     ) -> None:
-        if protocol not in PROTOCOLS:
+        if not isinstance(protocol, str) or protocol not in PROTOCOLS:  # a list was "unhashable type"
             raise ValueError(f"protocol must be one of {sorted(PROTOCOLS)}, got {protocol!r}")
-        if reward not in REWARDS:
+        if not isinstance(reward, str) or reward not in REWARDS:
             raise ValueError(f"reward must be one of {sorted(REWARDS)}, got {reward!r}")
         if max_answer_words is not None and (reward != "r1_searcher_stage1"
                                              or checks.integer("max_answer_words", max_answer_words) < 1):
@@ -122,6 +123,9 @@ class SearchEnv(TextEnv):
         self.reward_name, self.top_k, self.max_passage_chars = reward, top_k, max_passage_chars
         tasks = bundled_kb(kb_seed).search_questions if qa is None else load_qa(qa)
         if hops is not None:
+            if isinstance(hops, (str, bytes)) or not isinstance(hops, Iterable):  # hops=2 was "not iterable"
+                raise ValueError(f"hops must be a list of tool-call counts, such as [1, 2], got {hops!r}")
+            hops = tuple(checks.integer(f"hops[{index}]", hop) for index, hop in enumerate(hops))
             tasks = [t for t in tasks if t.optimal_tool_calls in hops]
         if not tasks:
             raise ValueError(f"no questions left (hops={hops})")

@@ -24,6 +24,7 @@ from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils.conversions import parallel_to_aec_wrapper
 from pettingzoo.utils.wrappers import OrderEnforcingWrapper
 
+from rl_llm import checks
 from rl_llm.envs.base import MAX_TEXT_LENGTH, print_text
 from rl_llm.envs.parsing import truncate_middle
 from rl_llm.envs.spaces import UnicodeText
@@ -72,8 +73,7 @@ class TwoPlayerTextGame:
     stop: ClassVar[tuple[str, ...]] = ()
 
     def _setup(self, *, max_retries: int, render_mode: str | None) -> None:
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        max_retries = checks.integer("max_retries", max_retries)  # 2.5 was int()'d, NaN int()'s own error
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.max_retries = int(max_retries)
@@ -151,9 +151,7 @@ class SocialEnv(TwoPlayerTextGame, ParallelEnv[str, str, str]):
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "human"], "name": "social", "is_parallelizable": True}
 
     def __init__(self, *, num_rounds: int, max_retries: int, render_mode: str | None = None) -> None:
-        if num_rounds < 1:
-            raise ValueError(f"num_rounds must be at least 1, got {num_rounds}")
-        self.num_rounds = int(num_rounds)
+        self.num_rounds = checks.integer("num_rounds", num_rounds, minimum=1)
         self._setup(max_retries=max_retries, render_mode=render_mode)
 
     # -- what a game implements ------------------------------------------------------------------------

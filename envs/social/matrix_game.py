@@ -11,10 +11,11 @@ generator constrained to ``<A>|<B>`` the paper's exact protocol is recovered.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import astuple, dataclass
 from typing import Any, ClassVar
 
+from rl_llm import checks
 from rl_llm.envs.social.base import AGENTS, SocialEnv, number, other, points_text
 
 ACTIONS = ("A", "B")
@@ -41,10 +42,10 @@ class Payoffs:
         """Accept a ``Payoffs`` or a sequence ``(R, S, T, P)`` (convenient from YAML or the command line)."""
         if isinstance(value, Payoffs):
             return value
-        values = list(value)
-        if len(values) != 4 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        values = list(value) if isinstance(value, Iterable) and not isinstance(value, str) else []
+        if len(values) != 4:
             raise ValueError(f"payoffs must be a Payoffs or four numbers (R, S, T, P), got {value!r}")
-        return cls(*(float(v) for v in values))
+        return cls(*(checks.reward(f"payoffs[{index}]", v) for index, v in enumerate(values)))
 
 
 def parse_choice(text: str) -> tuple[str | None, str | None]:

@@ -14,9 +14,10 @@ each round ``Values per unit: you ...; the other player ...`` and ``Proposals: y
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
+from rl_llm import checks
 from rl_llm.envs.parsing import extract_tag
 from rl_llm.envs.social.base import AGENTS, SocialEnv, number, other
 
@@ -138,17 +139,15 @@ class NegotiationEnv(SocialEnv):
         render_mode: str | None,
     ) -> None:
         super().__init__(num_rounds=num_rounds, max_retries=max_retries, render_mode=render_mode)
+        if isinstance(items, str) or not isinstance(items, Iterable):  # "abc" was three items a, b, c
+            raise ValueError(f"items must be a list of distinct alphabetic names, got {items!r}")
         items = tuple(str(item) for item in items)
         if not items or len(set(items)) != len(items) or any(not item.isalpha() for item in items):
             raise ValueError(f"items must be distinct alphabetic names, got {items!r}")
-        if quantity < 1:
-            raise ValueError(f"quantity must be at least 1, got {quantity}")
-        if max_message_chars < 1:
-            raise ValueError(f"max_message_chars must be at least 1, got {max_message_chars}")
         self.items = items
-        self.quantity = int(quantity)
+        self.quantity = checks.integer("quantity", quantity, minimum=1)
         self.messages = messages
-        self.max_message_chars = int(max_message_chars)
+        self.max_message_chars = checks.integer("max_message_chars", max_message_chars, minimum=1)
 
     # -- what a game adds ------------------------------------------------------------------------------
     def _sample_values(self) -> dict[str, Bundle]:

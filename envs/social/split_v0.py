@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
+from rl_llm import checks
 from rl_llm.envs.social.base import AGENTS, module_constructors
 from rl_llm.envs.social.negotiation import Bundle, NegotiationEnv, equal_totals, format_bundle
 
@@ -68,10 +69,12 @@ class raw_env(NegotiationEnv):  # lower-case: PettingZoo's module convention
     ) -> None:
         super().__init__(items=items, quantity=quantity, messages=False, num_rounds=num_rounds,
                          max_retries=max_retries, max_message_chars=1, render_mode=render_mode)
-        self.value_choices = tuple(float(v) for v in value_choices)
+        if isinstance(value_choices, str) or not isinstance(value_choices, Iterable):
+            raise ValueError(f"value_choices must be a list of numbers, got {value_choices!r}")
+        self.value_choices = tuple(checks.reward(f"value_choices[{i}]", v) for i, v in enumerate(value_choices))
         if len(set(self.value_choices)) < 2:
             raise ValueError(f"value_choices needs at least two different values, got {value_choices!r}")
-        self.equal_totals = bool(equal_totals)
+        self.equal_totals = checks.flag("equal_totals", equal_totals)
 
     def _sample_values(self) -> dict[str, Bundle]:
         # Redraw until the players disagree on at least one item and, with equal_totals, their totals match

@@ -8,6 +8,7 @@ from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils.conversions import turn_based_aec_to_parallel_wrapper
 from pettingzoo.utils.wrappers import OrderEnforcingWrapper
 
+from rl_llm import checks
 from rl_llm.envs.parsing import truncate_middle
 from rl_llm.envs.social.base import (
     AGENTS,
@@ -104,8 +105,8 @@ class raw_env(TwoPlayerTextGame, AECEnv[str, str, str]):  # lower-case: PettingZ
             raise ValueError(f"tictactoe_v0: cell_names must be one of {sorted(NAMINGS)}, got {cell_names!r}")
         self.cell_names, self._render, self.rules = NAMINGS[cell_names]
         self._setup(max_retries=max_retries, render_mode=render_mode)
-        self.illegal_move_penalty = float(illegal_move_penalty)
-        self.show_legal_moves = show_legal_moves
+        self.illegal_move_penalty = checks.reward("illegal_move_penalty", illegal_move_penalty, minimum=0.0)
+        self.show_legal_moves = checks.flag("show_legal_moves", show_legal_moves)
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         """Start a game. ``options`` are ignored."""

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
+from rl_llm import checks
 from rl_llm.envs.social.base import AGENTS, module_constructors, other, points_text
 from rl_llm.envs.social.negotiation import Bundle, NegotiationEnv, equal_totals, format_bundle
 
@@ -84,15 +85,18 @@ class raw_env(NegotiationEnv):  # lower-case: PettingZoo's module convention
         items = ("coins",) if variant == "rps" else CLASSIC_ITEMS
         super().__init__(items=items, quantity=10, messages=True, num_rounds=num_rounds, max_retries=max_retries,
                          max_message_chars=max_message_chars, render_mode=render_mode)
-        low, high = (int(v) for v in value_range)
-        if not 0 <= low <= high:
+        bounds = list(value_range) if isinstance(value_range, Iterable) and not isinstance(value_range, str) else []
+        if len(bounds) != 2:
             raise ValueError(f"value_range must be (low, high) with 0 <= low <= high, got {value_range!r}")
-        if not 0 <= low_value < high_value:
+        low = checks.integer("value_range[0]", bounds[0], maximum=int(checks.MAX_REWARD))
+        high = checks.integer("value_range[1]", bounds[1], minimum=low, maximum=int(checks.MAX_REWARD))
+        low_value = checks.reward("low_value", low_value, minimum=0.0)
+        if not low_value < checks.reward("high_value", high_value, minimum=0.0):
             raise ValueError(f"need 0 <= low_value < high_value, got {low_value}, {high_value}")
         self.variant = variant
         self.value_range = (low, high)
-        self.equal_totals = bool(equal_totals)
-        self.high_value, self.low_value = float(high_value), float(low_value)
+        self.equal_totals = checks.flag("equal_totals", equal_totals)
+        self.high_value, self.low_value = float(high_value), low_value
 
     @property
     def task_name(self) -> str:

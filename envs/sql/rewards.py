@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping
 import sqlglot
 from sqlglot import exp
 
+from rl_llm import checks
+
 REWARD_NAMES = ("execution", "syntax", "schema_linking", "ngram", "format", "format_penalty")
 REWARD_PRESETS: dict[str, dict[str, float]] = {
     "execution": {"execution": 1.0},
@@ -65,10 +67,14 @@ def resolve_weights(weights: str | Mapping[str, float] | None) -> dict[str, floa
         if weights not in REWARD_PRESETS:
             raise ValueError(f"unknown reward preset {weights!r}; choose from {sorted(REWARD_PRESETS)}")
         weights = REWARD_PRESETS[weights]
+    if not isinstance(weights, Mapping):
+        raise ValueError(f"reward_weights must be a preset name or a {{term: weight}} dict, got {weights!r}")
     unknown = set(weights) - set(REWARD_NAMES)
     if unknown:
         raise ValueError(f"unknown reward terms {sorted(unknown)}; choose from {list(REWARD_NAMES)}")
-    return {name: float(weights[name]) for name in REWARD_NAMES if name in weights and weights[name] != 0}
+    # a NaN or infinite weight made every reward of the run NaN or inf without an error
+    checked = {name: checks.reward(f"reward_weights[{name!r}]", weights[name]) for name in REWARD_NAMES if name in weights}
+    return {name: weight for name, weight in checked.items() if weight != 0}
 
 
 def parse_query(sql: str) -> exp.Query | None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from numbers import Integral
 
 from rl_llm.envs.terminal.families import (
     archives,
@@ -38,13 +39,23 @@ DIFFICULTIES = (1, 2, 3)
 
 
 def _as_choices(value: str | int | Sequence | None, allowed: Sequence, what: str) -> list:
+    """``value`` (one choice or several) as a list of allowed choices. A choice must be of the allowed type:
+    True equals 1 and 2.0 equals 2 to Python, which made difficulty=True a task id with ``dTrue`` in it (two
+    ids for one task), and a numpy integer, which is no ``int``, was taken for a sequence and failed."""
     if value is None:
         return list(allowed)
-    chosen = [value] if isinstance(value, (str, int)) else list(value)
-    unknown = [v for v in chosen if v not in allowed]
+    several = isinstance(value, Iterable) and not isinstance(value, (str, Mapping))
+    chosen = list(value) if several else [value]
+    unknown = [v for v in chosen if not _is_allowed(v, allowed)]
     if unknown or not chosen:
         raise ValueError(f"unknown {what} {unknown or chosen!r}; choose from {list(allowed)}")
-    return chosen
+    return [int(v) if isinstance(v, Integral) else v for v in chosen]
+
+
+def _is_allowed(value: object, allowed: Sequence) -> bool:
+    if isinstance(value, str):
+        return value in allowed
+    return isinstance(value, Integral) and not isinstance(value, bool) and value in allowed
 
 
 def generate_task(

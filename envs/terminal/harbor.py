@@ -34,7 +34,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from rl_llm.envs.terminal.task import TerminalTask, check_links_stay_inside
+from rl_llm.envs.terminal.task import TerminalTask, check_links_stay_inside, read_task_text, resolved_link
 
 #: Two small example tasks in Harbor format, shipped with the package.
 EXAMPLES_DIR = Path(__file__).parent / "harbor_examples"
@@ -68,19 +68,25 @@ def load_harbor_task(path: str | Path, family: str = "harbor") -> TerminalTask:
     check_links_stay_inside(root)
     if layout == "harbor":
         meta = _read_toml(root / "task.toml")
-        instruction = (root / "instruction.md").read_text(encoding="utf-8")
+        instruction = read_task_text(root / "instruction.md")
         dockerfile, context = root / "environment" / "Dockerfile", root / "environment"
         test_entry, solution = "test.sh", root / "solution" / "solve.sh"
-        difficulty = meta.get("metadata", {}).get("difficulty", "")
+        metadata = meta.get("metadata", {})
+        if not isinstance(metadata, dict):  # metadata = "hard" was an AttributeError out of reset()
+            raise ValueError(f"{root / 'task.toml'}: metadata must be a table ([metadata]), got {metadata!r}")
+        difficulty = metadata.get("difficulty", "")
     else:
         import yaml
 
         from rl_llm.paths import load_yaml, yaml_problem
 
         try:  # a repeated key is an error, not last-wins
-            meta = load_yaml((root / "task.yaml").read_text(encoding="utf-8")) or {}
+            meta = load_yaml(read_task_text(root / "task.yaml")) or {}
         except yaml.YAMLError as error:
             raise ValueError(f"{root / 'task.yaml'}: not valid YAML ({yaml_problem(error)})") from None
+        if not isinstance(meta, dict):  # a list or a string was an AttributeError out of reset()
+            raise ValueError(f"{root / 'task.yaml'}: must be a mapping (instruction, difficulty, ...), got "
+                             f"{type(meta).__name__}")  # fmt: skip
         instruction = str(meta.get("instruction", ""))
         dockerfile, context = root / "Dockerfile", root
         test_entry, solution = "run-tests.sh", root / "solution.sh"
@@ -88,7 +94,7 @@ def load_harbor_task(path: str | Path, family: str = "harbor") -> TerminalTask:
     workdir, files, setup = read_dockerfile(dockerfile, context)
     tests = _test_files(root, layout)
     check = {"kind": "bash_test", "source": verifier_script(tests, test_entry, workdir)}
-    solve = rewrite_workdir(solution.read_text(encoding="utf-8"), workdir) if solution.is_file() else ""
+    solve = rewrite_workdir(read_task_text(solution), workdir) if solution.is_file() else ""
     digest = hashlib.sha1(repr((instruction, sorted(tests.items()))).encode()).hexdigest()[:10]
     return TerminalTask(
         task_id=f"terminal/{family}/{root.name}/{digest}",
@@ -117,11 +123,14 @@ def read_dockerfile(dockerfile: Path, context: Path) -> tuple[str, dict[str, str
     workdir, files, steps = DEFAULT_WORKDIR, {}, []
     if not dockerfile.is_file():
         return workdir, files, ""
-    for instruction, argument in _dockerfile_instructions(dockerfile.read_text(encoding="utf-8")):
+    for instruction, argument in _dockerfile_instructions(read_task_text(dockerfile)):
         if instruction == "WORKDIR":
             workdir = argument.strip()
         elif instruction in ("COPY", "ADD"):
-            files.update(_copied_files(argument, context, workdir))
+            try:
+                files.update(_copied_files(argument, context, workdir))
+            except ValueError as error:  # shlex's "No closing quotation", a symlink loop: name the Dockerfile
+                raise ValueError(f"{dockerfile}: {instruction} {argument}: {error}") from None
         elif instruction == "RUN" and not any(
             PACKAGE_INSTALL.match(part) for part in re.split(r"&&|;|\|\|", argument)
         ):
@@ -165,7 +174,7 @@ def _copied_files(argument: str, context: Path, workdir: str) -> dict[str, str |
     target = destination[len(base) :] if len(destination) >= len(base) else ""
     out: dict[str, str | bytes] = {}
     for source in sources:
-        path = (context / source).resolve()
+        path = resolved_link(context / source)
         if not path.is_relative_to(context.resolve()) or not path.exists():
             continue
         if path.is_file():
@@ -250,6 +259,6 @@ def _read_toml(path: Path) -> dict[str, Any]:
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
     try:  # tomllib refuses a repeated key itself, naming its line but not the file
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(read_task_text(path))
     except tomllib.TOMLDecodeError as error:
         raise ValueError(f"{path}: not valid TOML ({error})") from None

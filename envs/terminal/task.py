@@ -56,6 +56,24 @@ class TerminalTask:
         return {"mode": "setup", "files": files, "script": self.setup}
 
 
+def read_task_text(path: Path) -> str:
+    """A task file's text, or a ValueError naming the file: a task folder is input from outside, and a file
+    that is not UTF-8 was a bare ``UnicodeDecodeError`` naming no file."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
+def resolved_link(path: Path) -> Path:
+    """``path.resolve()``, or a ValueError naming a symlink loop (``a -> b -> a``), which was a bare
+    ``RuntimeError`` (an ``OSError`` on newer Pythons) from inside the task loader."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as error:
+        raise ValueError(f"{path}: a symlink that cannot be followed ({error})") from None
+
+
 def check_links_stay_inside(root: Path) -> None:
     """Refuse a task folder holding a symlink that leads outside it. A task folder is input from outside (a
     downloaded dataset, a git clone), and its files are read on the host: ``environment/notes -> ~/.ssh/id_rsa``
@@ -63,7 +81,7 @@ def check_links_stay_inside(root: Path) -> None:
     Links within the folder are fine."""
     inside = root.resolve()
     for path in root.rglob("*"):  # symlinked directories are listed, not entered
-        if path.is_symlink() and not path.resolve().is_relative_to(inside):
+        if path.is_symlink() and not resolved_link(path).is_relative_to(inside):
             raise ValueError(f"task folder {root}: {path.relative_to(root)} is a symlink that leads outside the "
                              "folder; copy the file in instead")  # fmt: skip
 
@@ -87,17 +105,17 @@ def load_task_dir(path: str | Path, family: str = "custom") -> TerminalTask:
     check_links_stay_inside(root)  # only now: a folder that is no task (say "/") is not walked at all
     setup = root / "setup.sh"
     solution = root / "solution.sh"
-    checks = tuple({"kind": kind, "source": test.read_text(encoding="utf-8")} for test, kind in tests)
-    text = description.read_text(encoding="utf-8")
+    checks = tuple({"kind": kind, "source": read_task_text(test)} for test, kind in tests)
+    text = read_task_text(description)
     digest = hashlib.sha1(repr((text, [c["source"] for c in checks])).encode()).hexdigest()[:10]
     return TerminalTask(
         task_id=f"terminal/{family}/{root.name}/{digest}",
         family=family,
         difficulty=0,
         description=text.strip(),
-        setup=setup.read_text(encoding="utf-8") if setup.is_file() else "",
+        setup=read_task_text(setup) if setup.is_file() else "",
         checks=checks,
-        solution=(solution.read_text(encoding="utf-8"),) if solution.is_file() else (),
+        solution=(read_task_text(solution),) if solution.is_file() else (),
         variant=root.name,
     )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,7 @@ from rl_llm.envs.base import Outcome, Task, TextEnv, checked_task_index
 from rl_llm.envs.parsing import extract_tag, truncate_middle
 from rl_llm.envs.terminal import TerminalTask, generate_task, is_task_dir, load_task_dir, load_task_folder
 from rl_llm.envs.terminal.protocol import RUNNER_COMMAND, parse_verdict, runner_program
-from rl_llm.sandboxes import SandboxError, make, resolve_backend
+from rl_llm.sandboxes import BACKENDS, Sandbox, SandboxError, make, resolve_backend
 
 INVALID_ACTION = (
     "Could not parse a single <command>...</command> or <action>done</action>. "
@@ -150,7 +150,9 @@ class TerminalEnv(TextEnv):
         self.max_output_chars = checks.integer("max_output_chars", max_output_chars, minimum=1)
         self.task_family, self.difficulty = task_family, difficulty
         self.tasks: Sequence[TerminalTask] = self._task_set(tasks, task_family, difficulty)
-        self._sandbox_spec = sandbox
+        self._sandbox_spec = _checked_sandbox(sandbox)
+        if sandbox_kwargs is not None and not isinstance(sandbox_kwargs, Mapping):
+            raise ValueError(f"sandbox_kwargs must be a dict of sandbox options, got {sandbox_kwargs!r}")
         self._sandbox_kwargs = dict(sandbox_kwargs or {})
         self._sandbox: Any = None  # the sandbox of the current episode
         self._owned: Any = None  # a sandbox this env made (reused across episodes, closed by close())
@@ -169,7 +171,7 @@ class TerminalEnv(TextEnv):
         if isinstance(tasks, (str, Path)):
             path = Path(tasks)
             return [load_task_dir(path)] if is_task_dir(path) else load_task_folder(path)
-        found = list(tasks)
+        found = list(tasks) if isinstance(tasks, Iterable) else []  # tasks=123 was "'int' is not iterable"
         if not found or not all(isinstance(task, TerminalTask) for task in found):
             raise TypeError("tasks must be a folder path or a non-empty sequence of TerminalTask")
         return found
@@ -355,3 +357,17 @@ class TerminalEnv(TextEnv):
         if owned is not None:
             owned.close()
         super().close()
+
+
+def _checked_sandbox(spec: Any) -> Any:
+    """``sandbox`` as given, once it is something a sandbox can come from: None or a number passed
+    ``gym.make`` and failed at the first reset with an ``AttributeError``."""
+    if isinstance(spec, str):
+        if spec != "auto" and spec not in BACKENDS:
+            raise ValueError(f"sandbox must be 'auto', a backend name {list(BACKENDS)}, a Sandbox or a SandboxPool, "
+                             f"got {spec!r}")  # fmt: skip
+        return spec
+    if not (isinstance(spec, Sandbox) or hasattr(spec, "acquire")):
+        raise ValueError(f"sandbox must be 'auto', a backend name {list(BACKENDS)}, a Sandbox or a SandboxPool, got "
+                         f"{type(spec).__name__} {spec!r}")  # fmt: skip
+    return spec

@@ -107,7 +107,7 @@ class TicTacToeEnv(TextEnv):
         if cell_names not in NAMINGS:
             raise ValueError(f"cell_names must be one of {tuple(NAMINGS)}, got {cell_names!r}")
         max_illegal_moves = checks.integer("max_illegal_moves", max_illegal_moves, minimum=0)
-        illegal_move_penalty = checks.real("illegal_move_penalty", illegal_move_penalty, minimum=0.0)
+        illegal_move_penalty = checks.reward("illegal_move_penalty", illegal_move_penalty, minimum=0.0)
         show_legal_moves = checks.flag("show_legal_moves", show_legal_moves)
         if max_turns is None:
             max_turns = 5 * (max_illegal_moves + 1)
@@ -126,9 +126,9 @@ class TicTacToeEnv(TextEnv):
         # A scalar draw is the cheapest way to name the episode (Generator.integers costs ~10x more).
         episode_seed = int(self.np_random.random() * 2**31)
         mark = options.get("agent_mark", self.agent_mark_arg)
-        if mark == "random":
+        if isinstance(mark, str) and mark == "random":  # only a str: np.array(["X"]) passed `in`, then failed
             mark = "X" if self.np_random.random() < 0.5 else "O"
-        if mark not in ("X", "O"):
+        if not isinstance(mark, str) or mark not in ("X", "O"):
             raise ValueError(f"options['agent_mark'] must be 'X', 'O' or 'random', got {mark!r}")
         self.agent_mark, self.opponent_mark = mark, ("O" if mark == "X" else "X")
         self.board = EMPTY_BOARD

@@ -59,7 +59,8 @@ SEARCH = ToolSpec("search", "Search the knowledge base and return the top passag
 CALCULATOR = ToolSpec("calculator", "Evaluate an arithmetic expression: numbers, + - * / // % **, parentheses, "
                       "abs, round, min, max, sqrt, log, log10, exp, floor, ceil.", "expression",
                       "e.g. (2023 - 1954) * 2")  # fmt: skip
-PYTHON = ToolSpec("python", "Run Python 3 code in an isolated sandbox (no network, nothing kept between calls, "
-                  "a few seconds of time); returns what the code prints.", "code",
+PYTHON = ToolSpec("python", "Run Python 3 code in an isolated sandbox (no network, a few seconds of time; each call "
+                  "is a new process, so variables are not kept, but files it writes stay until the episode "
+                  "ends); returns what the code prints.", "code",
                   "a complete program; print the result")  # fmt: skip
 TOOLS = {spec.name: spec for spec in (SEARCH, CALCULATOR, PYTHON)}

@@ -28,6 +28,7 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
+from rl_llm import checks
 from rl_llm.envs.base import print_text, reported_correct
 from rl_llm.envs.parsing import extract_tag
 from rl_llm.envs.qa_scoring import normalize_answer, parse_number
@@ -50,11 +51,10 @@ class _Attempts(gym.Wrapper[str, str, str, str], gym.utils.RecordConstructorArgs
 
     def __init__(self, env: gym.Env, max_attempts: int, success_threshold: float, restate_task: bool) -> None:
         gym.Wrapper.__init__(self, env)
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
-        self.max_attempts = max_attempts
-        self.success_threshold = success_threshold
-        self.restate_task = restate_task
+        # Checked here, not at the first reset: 2.5 attempts made max_turns a float, NaN compared False
+        self.max_attempts = checks.integer("max_attempts", max_attempts, minimum=1)
+        self.success_threshold = checks.reward("success_threshold", success_threshold)
+        self.restate_task = checks.flag("restate_task", restate_task)
         self.max_turns = max_attempts * getattr(env.unwrapped, "max_turns", 1)
         self._rng = np.random.default_rng()
         self._over = True
@@ -232,13 +232,11 @@ class TryAgain(_Attempts):
             restate_task=restate_task,
         )  # fmt: skip
         super().__init__(env, max_attempts, success_threshold, restate_task)
-        if format_penalty < 0:
-            raise ValueError(f"format_penalty must be >= 0, got {format_penalty}")
-        if not 0.0 < gamma <= 1.0:
-            raise ValueError(f"gamma must be in (0, 1], got {gamma}")
-        self.gamma = gamma
-        self.repetition_lambda = repetition_lambda
-        self.format_penalty = format_penalty
+        self.gamma = checks.real("gamma", gamma, positive=True, maximum=1.0)
+        self.repetition_lambda = checks.reward("repetition_lambda", repetition_lambda, minimum=0.0)
+        self.format_penalty = checks.reward("format_penalty", format_penalty, minimum=0.0)
+        if not isinstance(feedback, str):
+            raise ValueError(f"feedback must be a str, got {feedback!r}")
         self.feedback = feedback
 
     def _feedback(self) -> str:
@@ -294,13 +292,12 @@ class MultiAttempt(_Attempts):
             wrong_answer_reward=wrong_answer_reward, no_answer_reward=no_answer_reward,
             success_threshold=success_threshold, restate_task=restate_task,
         )  # fmt: skip
+        attempts = None if attempts is None else checks.integer("attempts", attempts, minimum=1)
         super().__init__(env, max_attempts if attempts is None else attempts, success_threshold, restate_task)
-        if attempts is not None and attempts < 1:
-            raise ValueError(f"attempts must be at least 1, got {attempts}")
         self.fixed_attempts = attempts
-        self.discount = discount
-        self.wrong_answer_reward = wrong_answer_reward
-        self.no_answer_reward = no_answer_reward
+        self.discount = checks.real("discount", discount, minimum=0.0, maximum=1.0)
+        self.wrong_answer_reward = checks.reward("wrong_answer_reward", wrong_answer_reward)
+        self.no_answer_reward = checks.reward("no_answer_reward", no_answer_reward)
         self._budget = self.max_attempts
 
     def _attempt_budget(self) -> int:
