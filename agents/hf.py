@@ -60,7 +60,7 @@ from rl_llm.agents.invariant_generation import (
 )
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy, SamplingParams, first_stop, named_draw_seed
 from rl_llm.agents.policy import Completion
-from rl_llm.agents.sampling import sample_tokens
+from rl_llm.agents.sampling import STRICT_MODE_LOCK, sample_tokens
 from rl_llm.checks import integer
 
 MAX_SEED = 2**64 - 1  # the largest seed torch.Generator.manual_seed takes
@@ -136,6 +136,10 @@ class HFPolicy(LLMPolicy):
         return next(self.model.parameters()).device
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        with STRICT_MODE_LOCK:  # never while a trainer's backward runs strict (agents/sampling.py)
+            return self._generate(requests)
+
+    def _generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         if self.before_generate is not None:
             self.before_generate()  # e.g. new weights swapped in: between two batches, never during one
         version = self.policy_version  # the weights this call generates with

@@ -13,9 +13,18 @@ overflows (int64 wrap-around is undefined behaviour in the C++ kernels).
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 MASK32 = 0xFFFFFFFF
+# PyTorch's deterministic mode is one switch for the whole process. A trainer makes it strict around its
+# backward passes (rl_llm.trainers.modeling.strict_determinism), where an op with no deterministic CUDA kernel
+# raises instead of warning; the sampler's cumsum below is one. Generation on another thread meanwhile (the
+# asynchronous loop's hf generator) would then fail, and its episodes be dropped. So the hf backend generates
+# while holding this lock, and strict_determinism flips the mode only while holding it. On one GPU the two
+# share the device's default stream anyway, so the lock costs little overlap there.
+STRICT_MODE_LOCK = threading.RLock()
 
 
 def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:

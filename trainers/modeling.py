@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rl_llm.agents.sampling import STRICT_MODE_LOCK
 from rl_llm.trainers.config import ConfigError, LoraConfig, ModelConfig
 from rl_llm.trainers.losses import entropy_from_logits
 
@@ -101,16 +102,19 @@ def strict_determinism() -> Iterator[None]:
     non-deterministic algorithm"; the first GPU run, on an H200, printed it in its training logs): gradients, and
     so the run, could differ between two runs of one config. Strict, it takes the deterministic backward; an op with
     no deterministic kernel then raises, and ``rl-llm train`` names it in one line (``nondeterminism_message``).
-    Only the backward passes: generation (transformers', vLLM's) keeps ``warn_only``, as the first GPU run saw
-    no other op warn. Process-wide while open, like the mode itself."""
+    Only the backward passes: generation (transformers', vLLM's) keeps ``warn_only``. Process-wide while open,
+    like the mode itself, so it holds ``rl_llm.agents.sampling.STRICT_MODE_LOCK``, which the hf backend holds
+    while it generates: the asynchronous loop's generator thread would otherwise sample under the strict mode,
+    where the sampler's CUDA cumsum (no deterministic kernel) raises and the episodes are dropped."""
     if not torch.are_deterministic_algorithms_enabled() or not torch.is_deterministic_algorithms_warn_only_enabled():
         yield
         return
-    torch.use_deterministic_algorithms(True, warn_only=False)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(True, warn_only=True)
+    with STRICT_MODE_LOCK:  # no hf generation runs meanwhile on another thread (agents/sampling.py says why)
+        torch.use_deterministic_algorithms(True, warn_only=False)
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 # PyTorch's refusals under use_deterministic_algorithms(True): an op without a deterministic kernel, SDPA's

@@ -424,3 +424,56 @@ def test_a_run_sets_determinism_before_it_touches_the_gpu(
     assert seen == [expected]
     assert (os.environ.get("CUBLAS_WORKSPACE_CONFIG") == ":4096:8") == expected
     assert load_config().model.deterministic  # on by default
+
+
+class WaitsForGeneration(torch.autograd.Function):
+    """The identity, whose backward lets a generation start on another thread and gives it time to run."""
+
+    started: ClassVar[Any] = None
+    generated: ClassVar[Any] = None
+    finished_during_backward: ClassVar[list[bool]] = []
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        WaitsForGeneration.started.set()
+        WaitsForGeneration.finished_during_backward.append(WaitsForGeneration.generated.wait(timeout=3.0))
+        return grad
+
+
+def test_hf_generation_on_another_thread_never_runs_under_the_strict_backward() -> None:
+    """The deterministic mode is process-wide: the asynchronous loop's hf generator, sampling while the trainer's
+    backward ran strict, would meet the strict mode, where the sampler's CUDA cumsum (no deterministic kernel)
+    raises and the episodes are dropped. Generation waits for the strict backward instead."""
+    import threading
+
+    from transformers import AutoTokenizer
+
+    model = load("float32")
+    modes: list[bool] = []  # warn_only as each forward pass of the generation saw it
+    model.register_forward_hook(lambda *_: modes.append(torch.is_deterministic_algorithms_warn_only_enabled()))
+    policy = HFPolicy(model, AutoTokenizer.from_pretrained(tiny_model()),
+                      sampling=SamplingParams(max_new_tokens=3, temperature=1.0), seed=0)  # fmt: skip
+    WaitsForGeneration.started, WaitsForGeneration.generated = threading.Event(), threading.Event()
+    WaitsForGeneration.finished_during_backward.clear()
+
+    def generate() -> None:
+        WaitsForGeneration.started.wait(timeout=30)
+        policy.act([[Message("user", "pick an arm")]])
+        WaitsForGeneration.generated.set()
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    generator = threading.Thread(target=generate)
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=True)  # as make_deterministic sets it on CUDA
+        generator.start()
+        Precision("float32", CPU).backward(WaitsForGeneration.apply(torch.ones(3, requires_grad=True)).sum())
+        generator.join(timeout=60)
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        policy.close()
+    assert WaitsForGeneration.finished_during_backward == [False]  # it waited for the backward to end
+    assert WaitsForGeneration.generated.is_set() and modes and all(modes)  # then ran, under warn_only only
