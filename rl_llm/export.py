@@ -333,13 +333,22 @@ def read_sft_jsonl(path: str | Path) -> list[dict[str, Any]]:
             f"{path}: no such sft-jsonl file (write one with rl-llm export --format sft-jsonl)"
         )
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:  # named no file
+        raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); an sft-jsonl file is "
+                         "JSON lines") from None  # fmt: skip
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}:{number}: not JSON ({error.msg})") from None
+        except ValueError as error:  # an int past 4,300 digits
+            raise ValueError(f"{path}:{number}: not JSON ({error})") from None
+        except RecursionError:
+            raise ValueError(f"{path}:{number}: not JSON (nested too deeply)") from None
         messages = row.get("messages") if isinstance(row, dict) else None
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)

@@ -38,14 +38,17 @@ PAGE_TEMPLATE = Path(__file__).with_name("view_page.html")
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The complete records of a JSONL file (a torn last line, from a run still writing, is skipped)."""
+    """The JSON objects of a JSONL file, one per line. A torn last line (a run still writing) is skipped, and
+    so is any other line that is not an object: a hand-edited ``[]`` or ``5`` crashed the page's reader."""
     records = []
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         if line.strip():
             try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
+                record = json.loads(line)
+            except (ValueError, RecursionError):  # not JSON, an int past 4,300 digits, nesting past the limit
                 continue
+            if isinstance(record, dict):
+                records.append(record)
     return records
 
 
@@ -217,11 +220,14 @@ def load(path: str | Path, episodes: int = 24, tokenizer: str | Path | None = No
     if tokenizer and not Path(tokenizer).is_dir():  # not silently replaced by the messages
         raise FileNotFoundError(f"--tokenizer {tokenizer}: no such model directory")
     candidates: list[Path | None] = [Path(tokenizer) if tokenizer else None]
-    if run_dir is not None:
+    if run_dir is not None and not tokenizer:  # one given is used or refused, never replaced by the run's own
         candidates.append(run_dir / "model")
-    if summary and isinstance(summary.get("model_path"), str):
+    if summary and isinstance(summary.get("model_path"), str) and not tokenizer:
         candidates.append(Path(summary["model_path"]))
     decoder, token_note = find_decoder(candidates) if records else (None, "")
+    if tokenizer and records and decoder is None:
+        why = token_note.partition(f"{Path(tokenizer)}: ")[2].rstrip(")") or "no tokenizer.json or tokenizer_config.json there"
+        raise ValueError(f"--tokenizer {tokenizer}: {why}")
     if token_note:
         notes.append(token_note)
     if not metrics and records:  # a trajectories file: plot the returns in file order instead

@@ -332,3 +332,15 @@ def test_an_export_into_a_training_runs_folders_is_refused(trajectories: Path, t
         assert not out.exists()
     assert export(run, "sft-jsonl").out == run / "export.sft.jsonl"  # the default, at the top level
     assert len(export(run, "sft-jsonl", tmp_path / "elsewhere" / "x.jsonl").rows) == 5
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"\xff\xfe{}", r"sft.jsonl: not UTF-8 text \(invalid start byte at byte 0\)"),  # named no file
+    (b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", r"sft.jsonl:1: not JSON \(nested too deeply\)"),
+    (b'{"messages": [], "n": ' + b"9" * 5000 + b"}", r"sft.jsonl:1: not JSON \(Exceeds the limit"),
+])  # fmt: skip
+def test_an_sft_file_that_is_no_json_lines_is_named_with_its_line(content: bytes, message: str, tmp_path: Path) -> None:
+    path = tmp_path / "sft.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        read_sft_jsonl(path)

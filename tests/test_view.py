@@ -268,3 +268,22 @@ def test_a_tokenizer_that_is_not_there_is_an_error_not_ignored(tmp_path: Path) -
     path.write_text(Trajectory(env_id="e", task_id="t", seed=0).to_json() + "\n")
     result = rl_llm("view", str(path), "--tokenizer", str(tmp_path / "no-model"))
     assert result.returncode == 2 and f"--tokenizer {tmp_path / 'no-model'}: no such model directory" in result.stdout
+
+
+def test_a_metrics_line_that_is_no_object_is_skipped_not_a_crash(tmp_path: Path) -> None:
+    """A JSON line that is not an object (``[]``, ``5``, ``null``) was an AttributeError out of the page's reader."""
+    lines = ['{"step": 1, "reward/mean": 0.5}', "[]", "5", "null", '"text"', "[" * 100_000, '{"step": 2, "reward/mean": 1}']
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    result = rl_llm("view", str(tmp_path))
+    assert result.returncode == 0 and (tmp_path / "view.html").is_file(), result.stdout + result.stderr
+    assert [record["step"] for record in load(tmp_path)["metrics"]] == [1, 2]
+
+
+def test_a_tokenizer_folder_without_a_tokenizer_is_an_error_not_replaced(tmp_path: Path) -> None:
+    """It was passed over for the run's own tokenizer, and the page said it decoded with that one."""
+    path = tmp_path / "episodes.jsonl"
+    path.write_text(Trajectory(env_id="e", task_id="t", seed=0).to_json() + "\n")
+    (tmp_path / "empty").mkdir()
+    result = rl_llm("view", str(path), "--tokenizer", str(tmp_path / "empty"))
+    assert result.returncode == 2 and "no tokenizer.json or tokenizer_config.json there" in result.stdout
+

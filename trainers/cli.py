@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from rl_llm.console import make_console
 from rl_llm.errors import RLLMError
-from rl_llm.paths import is_training_run
+from rl_llm.paths import is_training_run, yaml_problem
 from rl_llm.trainers.config import (
     ConfigError,
     TrainConfig,
@@ -73,7 +73,8 @@ def check_run_dir(config: TrainConfig, run_dir: Path) -> None:
     try:
         saved = yaml.safe_load(saved_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        raise ConfigError(f"--out {run_dir} holds a checkpoint but its config.yaml cannot be read ({error}); "
+        why = yaml_problem(error) if isinstance(error, yaml.YAMLError) else str(error)  # PyYAML's is several lines
+        raise ConfigError(f"--out {run_dir} holds a checkpoint but its config.yaml cannot be read ({why}); "
                           "choose a new --out") from error
     before, after = flatten(saved if isinstance(saved, dict) else {}), flatten(config_to_dict(config))
     for key in sorted(before.keys() | after.keys()):

@@ -316,6 +316,8 @@ class TrainConfig:
             if value <= 0:
                 raise ConfigError(f"{key} must be positive, got {value}")
         self._check_ranges()
+        if len(self.optim.betas) != 2 or not all(0 <= beta < 1 for beta in self.optim.betas):
+            raise ConfigError(f"optim.betas must be two numbers in [0, 1) (Adam's), got {self.optim.betas}")
         if self.optim.minibatches > self.rollout.group_size * self.rollout.prompts_per_step:
             raise ConfigError("optim.minibatches cannot exceed the batch size (group_size * prompts_per_step)")
         if not (0 <= self.loss.clip_low < 1 and self.loss.clip_high >= 0):
@@ -382,7 +384,8 @@ class TrainConfig:
 
 # Bounds of numeric keys: ("[", x) is >= x, ("(", x) is > x; the upper bound alike with "]" / ")", None: none.
 RANGES: list[tuple[str, tuple[str, float], tuple[str, float] | None]] = [
-    *((key, ("[", 0), None) for key in ("seed", "env.train_seed", "eval.seed", "sft.seed")),
+    # numpy's seeding takes at most 2**32 - 1 (a larger seed failed after start-up in numpy's words)
+    *((key, ("[", 0), ("]", 2**32 - 1)) for key in ("seed", "env.train_seed", "eval.seed", "sft.seed")),
     ("model.lora.r", ("[", 1), None), ("model.lora.alpha", ("(", 0), None), ("model.lora.dropout", ("[", 0), (")", 1)),
     ("rollout.top_p", ("(", 0), ("]", 1)), ("rollout.vllm.gpu_memory_utilization", ("(", 0), ("]", 1)),
     ("rollout.vllm.server_group_port", ("[", 0), ("]", 65535)),
@@ -394,6 +397,7 @@ RANGES: list[tuple[str, tuple[str, float], tuple[str, float] | None]] = [
     ("eval.every", ("[", 0), None), ("eval.temperature", ("[", 0), None), ("log.checkpoint_every", ("[", 1), None),
     ("log.keep_checkpoints", ("[", 1), None), ("log.samples", ("[", 0), None),
     ("advantage.gigpo_weight", ("[", 0), None),
+    ("loss.norm_constant", ("[", 1), None),  # a budget of tokens: 0 fell back to max_new_tokens, 1e-300 NaN grads
 ]  # fmt: skip
 
 
@@ -473,9 +477,26 @@ def apply_override(tree: dict[str, Any], pair: str) -> None:
             raise ConfigError(f"{'.'.join(parts[: depth + 1])} is not a section; cannot set {key!r}")
         node = child
     try:
-        node[parts[-1]] = load_yaml(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as error:
         raise ConfigError(f"override {pair!r}: value is not valid YAML ({yaml_problem(error)})") from error
+    if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict) and _is_section(parts):
+        _merge(node[parts[-1]], value)  # as a config file's section merges: optim={minibatches: 1} keeps lr
+    else:
+        node[parts[-1]] = value  # a value, or a dict-valued setting (env.kwargs={...}): replaced whole
+
+
+def _is_section(parts: list[str]) -> bool:
+    """Whether ``a.b`` names a section of ``TrainConfig`` (a dataclass of settings), not a setting."""
+    kind: Any = TrainConfig
+    for part in parts:
+        if not dataclasses.is_dataclass(kind):
+            return False
+        fields = {field.name: field for field in dataclasses.fields(kind)}
+        if part not in fields:
+            return False
+        kind = typing.get_type_hints(kind)[part]
+    return dataclasses.is_dataclass(kind)
 
 
 def check_overrides_unique(overrides: list[str]) -> None:
@@ -487,6 +508,11 @@ def check_overrides_unique(overrides: list[str]) -> None:
         key = pair.partition("=")[0].strip()
         if key in first:
             raise ConfigError(f"multiple values for {key!r} ({first[key]!r} and {pair!r}); give each key once")
+        # A section and a key inside it (optim={lr: 1} and optim.lr=2): one of the two was not meant to win.
+        inside = next((other for other in first if other.startswith(key + ".") or key.startswith(other + ".")), None)
+        if inside is not None:
+            raise ConfigError(f"{first[inside]!r} and {pair!r} overlap (a section and a key inside it); give the "
+                              "section's keys one way, each as section.key=value")  # fmt: skip
         first[key] = pair
 
 

@@ -81,7 +81,8 @@ DEFAULT_JOB: dict[str, Any] = {
 def describe_default_job(config: TrainConfig) -> str:
     kwargs = ", ".join(f"{k}={v}" for k, v in config.env.kwargs.items())
     return (
-        f"Default job: {config.algorithm} on {config.env.id} ({kwargs}) with the tiny local model, "
+        f"Default job: {config.algorithm} on {config.env.id} ({kwargs}) with "
+        + ("the tiny local model, " if str(config.model.path) == "tiny" else f"the model at {config.model.path}, ")
         + (f"warm-started on the episodes of {config.sft.data}, then " if config.sft.data else
            f"warm-started on {config.sft.episodes} episodes of the {config.sft.baseline} baseline, then "
            if config.sft.episodes else "")

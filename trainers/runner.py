@@ -105,8 +105,11 @@ def resolve_model_path(config: TrainConfig) -> Path:
     from rl_llm.agents.tiny import resolve_model
 
     path = Path(resolve_model(config.model.path)).expanduser()
-    if not path.exists():
+    if not config.model.path or not path.is_dir():  # "" was the working directory
         raise FileNotFoundError(f"model.path {config.model.path!r} is not a local directory (no hub downloads here)")
+    if not (path / "config.json").is_file():  # else transformers' several-line tokenizer error, naming no setting
+        raise FileNotFoundError(f"model.path {config.model.path!r} holds no model (no config.json): a directory "
+                                "saved by save_pretrained, or 'tiny'")  # fmt: skip
     return path
 
 

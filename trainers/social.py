@@ -106,6 +106,23 @@ def _check_env_kwargs(config: TrainConfig) -> None:
         raise ConfigError(f"env.kwargs: {error}{hint}") from error
 
 
+def _check_baseline_names(config: TrainConfig) -> None:
+    """A single-agent env's baselines named in the config exist, as the games' are checked below: a misspelled
+    eval baseline was skipped without a word (its row missing from the table), a misspelled warm-start one
+    refused only after the model had loaded. An env with no baselines defined (one of your own) skips them."""
+    from rl_llm.agents.baselines import baselines_for
+
+    available = baselines_for(_registered_id(config.env.id))
+    if not available:
+        return
+    for name in config.eval.baselines:
+        if name not in available:
+            raise ConfigError(f"eval.baselines: {name!r} is not a baseline of {config.env.id}; choose from {available}")
+    if config.sft.episodes and config.sft.data is None and config.sft.baseline not in available:
+        raise ConfigError(f"sft.baseline: {config.sft.baseline!r} is not a baseline of {config.env.id}; choose from "
+                          f"{available}")  # fmt: skip
+
+
 def check_env_config(config: TrainConfig) -> None:
     """``env.id`` is known, and every option fits the kind of env (single-agent or two-player game)."""
     import gymnasium as gym
@@ -121,6 +138,7 @@ def check_env_config(config: TrainConfig) -> None:
         if changed:
             raise ConfigError(f"{changed[0]}: social.* options are for two-player games (env.id social/<game>), "
                               f"not {env_id}")
+        _check_baseline_names(config)
         return
     for section in ("curriculum", "advantage", "rollout.filter"):  # single-agent options (docs/training.md)
         value = config
@@ -167,7 +185,7 @@ def check_env_config(config: TrainConfig) -> None:
         if name not in (SELF_PLAY, LEAGUE) and name not in baselines:
             raise ConfigError(f"social.opponents: unknown opponent {name!r} for {game}; choose from "
                               f"{[SELF_PLAY, LEAGUE, *baselines]}")
-        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not 0 < weight < math.inf:  # NaN too
             raise ConfigError(f"social.opponents.{name}: the weight must be a positive number, got {weight!r}")
     _check_league(social)
     for name in config.eval.baselines:

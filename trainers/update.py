@@ -98,7 +98,7 @@ def policy_update(
     temperature = config.rollout.temperature
     micro = optim_cfg.micro_batch_size
     device = batch.input_ids.device
-    constant = loss_cfg.norm_constant or float(config.rollout.max_new_tokens)
+    constant = float(config.rollout.max_new_tokens) if loss_cfg.norm_constant is None else loss_cfg.norm_constant
     several_steps = optim_cfg.epochs * optim_cfg.minibatches > 1
     with precision.autocast():
         old_all = batched_logprobs(model, batch, micro, temperature) if several_steps else None

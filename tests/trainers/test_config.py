@@ -77,6 +77,9 @@ def test_a_key_given_twice_on_the_command_line_is_refused(capsys: pytest.Capture
     # `rl-llm train steps=3 steps=4`: the first positional is an override too
     assert train_main("steps=3", ["steps=4"], command_line=True) == 2
     assert "error: multiple values for 'steps' ('steps=3' and 'steps=4')" in capsys.readouterr().out
+    # A section and a key inside it: the section's mapping replaced the whole section, so optim.lr=0.1 was lost.
+    with pytest.raises(ConfigError, match=r"^'optim.lr=0.1' and 'optim=\{minibatches: 1\}' overlap \(a section and"):
+        check_overrides_unique(["optim.lr=0.1", "optim={minibatches: 1}"])
     # Code may layer specifics over a base list: load_config applies overrides in order.
     assert load_config(overrides=["steps=3", "optim.lr=1", "steps=4"]).steps == 4
     with pytest.raises(ConfigError, match=r"override 'env\.kwargs=\{a: 1, a: 2\}': value is not valid YAML .*"
@@ -173,8 +176,8 @@ def test_nan_and_infinity_are_refused_for_every_number(override: str) -> None:
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("seed=-1", "seed must be >= 0, got -1"),  # the first env reset refused it, after the model was loaded
-    ("eval.seed=-5", "eval.seed must be >= 0, got -5"),
+    ("seed=-1", r"seed must be in \[0, 4294967295\], got -1"),  # the first env reset refused it, after the model was loaded
+    ("eval.seed=-5", r"eval.seed must be in \[0, 4294967295\], got -5"),
     ("log.checkpoint_every=0", "log.checkpoint_every must be >= 1, got 0"),  # ZeroDivisionError after step 1
     ("log.keep_checkpoints=0", "log.keep_checkpoints must be >= 1, got 0"),
     ("optim.max_grad_norm=0", "optim.max_grad_norm must be > 0, got 0.0"),  # zeroed every gradient
@@ -190,6 +193,13 @@ def test_nan_and_infinity_are_refused_for_every_number(override: str) -> None:
     ("rollout.vllm.gpu_memory_utilization=1.5", r"rollout.vllm.gpu_memory_utilization must be in \(0, 1\], got 1.5"),
     ("rollout.vllm.server_group_port=70000", r"rollout.vllm.server_group_port must be in \[0, 65535\], got 70000"),
     ("ppo.critic_lr=-1", "ppo.critic_lr must be > 0, got -1.0"),
+    ("seed=4294967296", r"seed must be in \[0, 4294967295\], got 4294967296"),  # numpy's words after start-up
+    ("loss.norm_constant=0", "loss.norm_constant must be >= 1, got 0.0"),  # fell back to max_new_tokens
+    ("loss.norm_constant=1e-300", "loss.norm_constant must be >= 1, got 1e-300"),  # NaN gradients every step
+    ("optim.betas=[0.9]", r"optim.betas must be two numbers in \[0, 1\) \(Adam's\), got \[0.9\]"),  # IndexError
+    ("optim.betas=[2, 3]", r"optim.betas must be two numbers in \[0, 1\) \(Adam's\), got \[2.0, 3.0\]"),
+    ("eval.baselines=[ucbb]", r"eval.baselines: 'ucbb' is not a baseline of rl-llm/MultiArmedBandit-v0; choose from "
+                              r"\['random', 'epsilon_greedy', 'ucb', 'thompson', 'oracle'\]"),  # skipped silently
 ])  # fmt: skip
 def test_numbers_out_of_their_range_are_refused_naming_the_key(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=f"^{message}$"):
@@ -201,3 +211,32 @@ def test_the_edges_of_each_range_and_null_offs_are_taken() -> None:
                                     "model.lora.dropout=0", "loss.entropy_coef=-0.01", "eval.temperature=0",
                                     "rollout.vllm.server_group_port=65535"])  # fmt: skip
     assert (config.rollout.top_p, config.ppo.value_clip, config.loss.entropy_coef) == (1.0, None, -0.01)
+
+
+def test_a_section_given_as_a_mapping_merges_as_a_config_files_section_does() -> None:
+    """``optim={minibatches: 1}`` over the default job dropped its lr and micro_batch_size (the section was
+    replaced); a dict-valued setting (env.kwargs) is still replaced whole."""
+    from rl_llm.trainers.default_job import DEFAULT_JOB
+
+    config = load_config(overrides=["optim={minibatches: 1}", "env.kwargs={horizon: 3}"], base=DEFAULT_JOB)
+    assert (config.optim.minibatches, config.optim.lr, config.optim.micro_batch_size) == (1, 0.005, 32)
+    assert config.env.kwargs == {"horizon": 3}
+
+
+def test_a_warm_start_baseline_the_env_lacks_is_refused_before_anything_loads() -> None:
+    with pytest.raises(ConfigError, match=r"^sft.baseline: 'minimax' is not a baseline of rl-llm/MultiArmedBandit-v0"):
+        load_config(overrides=["sft.episodes=4", "sft.baseline=minimax"])
+    assert load_config(overrides=["sft.episodes=4", "sft.baseline=ucb"]).sft.baseline == "ucb"
+
+
+
+def test_a_run_directory_whose_saved_config_is_no_yaml_is_named_in_one_line(tmp_path: Path) -> None:
+    """PyYAML's own message (its position and a caret line) made the error five lines long."""
+    from rl_llm.trainers.cli import check_run_dir
+
+    (tmp_path / "checkpoints" / "step_2").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step_2" / "state.json").write_text("{}")  # what marks a whole checkpoint
+    (tmp_path / "config.yaml").write_text(": : :\n")
+    with pytest.raises(ConfigError, match=r"holds a checkpoint but its config.yaml cannot be read \(line 1") as refused:
+        check_run_dir(load_config(), tmp_path)
+    assert "\n" not in str(refused.value)

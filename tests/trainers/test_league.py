@@ -38,6 +38,9 @@ def tiny_model_dir() -> Path:
         (["social.opponents={league: 1}", "social.league_size=3", "social.league_every=0"], r"social\.league_every"),
         (["social.opponents={league: 1}", "social.league_size=-1"], r"social\.league_size must be an integer >= 0"),
         (["social.opponents={league: 0}", "social.league_size=2"], r"social\.opponents\.league"),
+        # NaN passed "weight <= 0" and failed after start-up as numpy's "Probabilities contain NaN"
+        (["social.opponents={self_play: .nan, always_defect: 1}"], r"social\.opponents\.self_play: the weight must be"),
+        (["social.opponents={self_play: .inf}"], r"social\.opponents\.self_play: the weight must be a positive number"),
     ],
 )
 def test_a_league_that_would_not_play_is_refused_in_one_line(overrides: list[str], message: str) -> None:

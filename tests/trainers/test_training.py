@@ -154,6 +154,15 @@ def test_train_main_reports_bad_configs_and_missing_models(tmp_path: Path, capsy
     assert not (tmp_path / "metrics.jsonl").exists()
     assert train_main(None, [f"model.path={tmp_path / 'no-such-model'}"], out=str(tmp_path / "run")) == 2
     assert "is not a local directory" in capsys.readouterr().out
+    # an empty path was the working directory, and a directory with no model transformers' several-line error
+    assert train_main(None, ["model.path="], out=str(tmp_path / "run2")) == 2
+    assert "model.path '' is not a local directory" in capsys.readouterr().out
+    (tmp_path / "not-a-model").mkdir()
+    assert train_main(None, [f"model.path={tmp_path / 'not-a-model'}"], out=str(tmp_path / "run3")) == 2
+    out = capsys.readouterr().out
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "holds no model (no config.json)" in errors[0] and out.endswith(errors[0] + "\n"), out
+    assert f"with the model at {tmp_path / 'not-a-model'}" in out  # not "the tiny local model"
 
 
 def test_saving_the_trained_model_draws_no_progress_bar(tmp_path: Path, capfd) -> None:
