@@ -1,4 +1,4 @@
-"""The ``rl-llm`` command line: list, play, eval, bench, train."""
+"""The ``rl-llm`` command line: list, play, eval, bench, train, doctor, view, export."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import rl_llm
-from rl_llm.console import ArgumentParser, count_flag, make_console
+from rl_llm.console import ArgumentParser, count_flag, make_console, real_flag
 from rl_llm.envs.registration import ENVIRONMENTS, env_ids
 from rl_llm.errors import RLLMError
 from rl_llm.paths import load_yaml, yaml_problem
@@ -131,6 +131,8 @@ def cmd_tournament(game: str, args: argparse.Namespace) -> int:
     from rl_llm.agents.baselines import baselines_for, make_baseline
     from rl_llm.agents.tournament import print_tournament, run_tournament, write_jsonl
 
+    if args.agents and args.agent:  # --agent was dropped without a word
+        raise ValueError("give a game's agents once: --agents a,b,... (or --agent for one of them)")
     names = [name for name in (args.agents or args.agent or "").split(",") if name] or baselines_for(game)
     out = out_file(args.out, f"runs/eval/{game}-tournament.jsonl")
     env_kwargs = parse_kwargs(args.kwarg, f"social/{game}")  # checked before any model loads
@@ -161,6 +163,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return cmd_tournament(game, args)
     if not args.agent:
         raise ValueError("--agent is required for a single-agent environment")
+    for flag, value in (("--agents", args.agents), ("--exploiters", args.exploiters)):
+        if value is not None:  # ignored without a word before
+            raise ValueError(f"{flag} is for two-player games (a round robin); {args.env} takes one --agent")
     from rl_llm.agents.evaluate import evaluate, plot_records, summarize, write_jsonl
 
     env_id = resolve_env_id(args.env)
@@ -294,16 +299,15 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--batch-size", type=positive_int, default=16)
     evaluate.add_argument("--out", default=None, help="JSONL path for per-episode records (the plot goes next to it)")
     evaluate.add_argument("-k", "--kwarg", action="append", default=[], metavar="KEY=VALUE", help="env argument")
-    evaluate.add_argument("--max-new-tokens", type=int, default=None, help="LLM agents: tokens per turn (256)")
-    evaluate.add_argument("--temperature", type=float, default=None, help="LLM agents: sampling temperature (1.0)")
+    from rl_llm.agents.bench.cli import add_bench_arguments, add_sampling_arguments
+
+    add_sampling_arguments(evaluate)
     evaluate.set_defaults(func=cmd_eval)
 
     bench = sub.add_parser("bench", help="an agent over a versioned suite (--agent), or every baseline on every env")
     bench.add_argument("envs", nargs="*", help="without --agent: environments or games (default: all)")
     bench.add_argument("--episodes", type=positive_int, default=50, help="without --agent: episodes per baseline")
     bench.add_argument("--seed", type=seed_int, default=0, help="without --agent: first seed")
-    from rl_llm.agents.bench.cli import add_bench_arguments
-
     add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
 
@@ -332,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", required=True, choices=("hf", "parquet", "sft-jsonl"),
                         help="hf: datasets save_to_disk; parquet; sft-jsonl: one {messages: [...]} line per episode")
     export.add_argument("--out", default=None, help="output path (default: next to PATH, e.g. X.sft.jsonl)")
-    export.add_argument("--min-return", type=float, default=None, metavar="R",
+    export.add_argument("--min-return", type=real_flag(), default=None, metavar="R",
                         help="keep only episodes whose total return is >= R (rejection sampling)")
     export.add_argument("--best-per-group", action="store_true",
                         help="keep only the best episode of each GRPO group (group_id)")

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.table import Table
 
-from rl_llm.checks import integer, seconds
+from rl_llm.checks import integer, real, seconds
 
 LOG_WIDTH = 160  # table width in pipes and logs when COLUMNS is not set
 T = TypeVar("T")
@@ -114,6 +114,11 @@ def count_flag(minimum: int = 1, maximum: int | None = None) -> Callable[[str], 
 
 def seconds_flag(*, allow_zero: bool = False) -> Callable[[str], float]:
     return flag_type(lambda name, value: seconds(name, value, allow_zero=allow_zero))
+
+
+def real_flag(*, minimum: float | None = None) -> Callable[[str], float]:
+    """A finite number (at least ``minimum``): NaN and infinity are refused, as for every number rl-llm takes."""
+    return flag_type(lambda name, value: real(name, value, minimum=minimum))
 
 
 port_flag = flag_type(checked_port, int)

@@ -72,6 +72,14 @@ def test_eval_prints_a_table_and_writes_one_jsonl_line_per_episode(tmp_path: Pat
     (("eval", "MultiArmedBandit", "--agent", "ucb", "-k", "horizon=.nan"), "horizon must be an integer, got nan"),  # hung
     # a model path that is not there: transformers' "Repo id must use alphanumeric chars" traceback before
     (("eval", "MultiArmedBandit", "--agent", "hf:/no/such/model"), "no model directory /no/such/model"),
+    # each ignored without a word before
+    (("eval", "MultiArmedBandit", "--agent", "ucb", "--agents", "ucb,random"), "--agents is for two-player games"),
+    (("eval", "prisoners_dilemma", "--agent", "tit_for_tat", "--agents", "random,tit_for_tat"),
+     "give a game's agents once"),
+    # NaN or 0 reached the sampler or an export filter that kept nothing
+    (("eval", "MultiArmedBandit", "--agent", "ucb", "--temperature", "nan"), "--temperature: must be a finite number"),
+    (("eval", "MultiArmedBandit", "--agent", "ucb", "--max-new-tokens", "0"), "--max-new-tokens: must be an integer >= 1"),
+    (("export", ".", "--format", "sft-jsonl", "--min-return", "nan"), "--min-return: must be a finite number, got nan"),
 ])
 def test_bad_command_lines_fail_with_a_specific_message(args: tuple[str, ...], message: str) -> None:
     result = rl_llm(*args)

@@ -397,7 +397,8 @@ RANGES: list[tuple[str, tuple[str, float], tuple[str, float] | None]] = [
     ("eval.every", ("[", 0), None), ("eval.temperature", ("[", 0), None), ("log.checkpoint_every", ("[", 1), None),
     ("log.keep_checkpoints", ("[", 1), None), ("log.samples", ("[", 0), None),
     ("advantage.gigpo_weight", ("[", 0), None),
-    ("loss.norm_constant", ("[", 1), None),  # a budget of tokens: 0 fell back to max_new_tokens, 1e-300 NaN grads
+    ("loss.norm_constant", ("[", 1), None),
+    ("rollout.vllm.max_model_len", ("[", 1), None),  # a budget of tokens: 0 fell back to max_new_tokens, 1e-300 NaN grads
 ]  # fmt: skip
 
 

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from rl_llm.trainers.config import ConfigError
+from rl_llm.urls import check_server_url
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -47,6 +49,10 @@ BACKENDS = ("hf", "vllm")
 VLLM_MODES = ("colocate", "server")
 
 
+# CUDA_VISIBLE_DEVICES as a server's GPUs: indices or GPU-/MIG- UUIDs, comma-separated; empty for none.
+GPU_LIST = re.compile(r"\s*|\s*(\d+|(GPU|MIG)-[\w/-]+)(\s*,\s*(\d+|(GPU|MIG)-[\w/-]+))*\s*")
+
+
 def check_generation_config(config: TrainConfig) -> None:
     """Raise ``ConfigError`` for a backend, vLLM mode or backend x mode x asynchronous combination that
     cannot run."""
@@ -58,6 +64,15 @@ def check_generation_config(config: TrainConfig) -> None:
     restarts = rollout.vllm.max_restarts
     if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
         raise ConfigError(f"rollout.vllm.max_restarts must be an integer >= 0 (0: never restart), got {restarts!r}")
+    if rollout.vllm.server_url is not None:  # else refused at the first request, after the model had loaded
+        try:
+            check_server_url("rollout.vllm.server_url", rollout.vllm.server_url)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+    gpus = rollout.vllm.server_gpus
+    if gpus is not None and not GPU_LIST.fullmatch(gpus):  # CUDA_VISIBLE_DEVICES=abc: a server with no GPU
+        raise ConfigError(f"rollout.vllm.server_gpus must be CUDA_VISIBLE_DEVICES for the server (GPU indices or "
+                          f"UUIDs, comma-separated, such as 1 or 2,3; empty: none), got {gpus!r}")  # fmt: skip
     if is_asynchronous(config) and rollout.backend == "vllm" and rollout.vllm.mode == "colocate":
         raise ConfigError("asynchronous training (rollout.max_staleness) with vLLM needs rollout.vllm.mode=server: "
                           "an in-process engine cannot take new weights while it generates")  # fmt: skip

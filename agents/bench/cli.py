@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
+from rl_llm.console import count_flag, real_flag
+
 if TYPE_CHECKING:
     from rl_llm.agents.bench.suite import Suite
 
@@ -24,16 +26,22 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", default=None, help="run directory (default runs/bench/SUITE-AGENT); rerun to resume"
     )
     parser.add_argument(
-        "--concurrency", type=int, default=8, help="LLM agents: episodes (requests) in flight"
+        "--concurrency", type=count_flag(1), default=8, help="LLM agents: episodes (requests) in flight"
     )
-    parser.add_argument("--max-tokens-budget", type=int, default=None,
+    parser.add_argument("--max-tokens-budget", type=count_flag(0), default=None,
                         help="stop starting episodes once the run has generated this many tokens")  # fmt: skip
-    parser.add_argument("--max-episodes", type=int, default=None, help="play at most this many new episodes")
-    parser.add_argument("--max-retries", type=int, default=None,
+    parser.add_argument("--max-episodes", type=count_flag(0), default=None, help="play at most this many new episodes")
+    parser.add_argument("--max-retries", type=count_flag(0), default=None,
                         help="HTTP agents: retries (with exponential backoff) on 429, 5xx, timeouts")  # fmt: skip
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="LLM agents: tokens per turn (256)")
+    add_sampling_arguments(parser)
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--max-new-tokens`` and ``--temperature`` of LLM agents, as ``eval`` and ``bench`` take them: usage
+    errors (exit 2) for 0, a negative, NaN or infinity, like every other flag."""
+    parser.add_argument("--max-new-tokens", type=count_flag(1), default=None, help="LLM agents: tokens per turn (256)")
     parser.add_argument(
-        "--temperature", type=float, default=None, help="LLM agents: sampling temperature (1.0)"
+        "--temperature", type=real_flag(minimum=0.0), default=None, help="LLM agents: sampling temperature (1.0)"
     )
 
 
@@ -56,11 +64,6 @@ def bench_main(args: argparse.Namespace, console: Console) -> int:
         raise ValueError(
             "--suite needs --agent (without both, bench runs every baseline on every environment)"
         )
-    if args.concurrency < 1:
-        raise ValueError("--concurrency must be at least 1")
-    for option, value in (("--max-episodes", args.max_episodes), ("--max-tokens-budget", args.max_tokens_budget)):
-        if value is not None and value < 0:  # "limit of -1 reached; run again to continue" before
-            raise ValueError(f"{option} must be at least 0, got {value}")
     suite = load_suite(args.suite or "core-v1")
     if not is_llm_spec(args.agent):
         check_baseline(suite, args.agent)

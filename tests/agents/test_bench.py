@@ -375,8 +375,11 @@ def test_a_second_bench_on_the_same_directory_is_refused(tmp_path: Path) -> None
 @pytest.mark.parametrize(("args", "suite", "message"), [
     # a baseline of no env in the suite: every env skipped, exit status 0 and a run of nothing before
     (("--agent", "nosuch"), TINY_SUITE, "unknown agent 'nosuch': no baseline of tiny-v1"),
-    (("--agent", "random", "--max-episodes", "-1"), TINY_SUITE, "--max-episodes must be at least 0, got -1"),
-    (("--agent", "random", "--max-tokens-budget", "-5"), TINY_SUITE, "--max-tokens-budget must be at least 0"),
+    # usage errors, in argparse's words on stderr as for every other flag
+    (("--agent", "random", "--max-episodes", "-1"), TINY_SUITE, "argument --max-episodes: must be an integer >= 0, got -1"),
+    (("--agent", "random", "--max-tokens-budget", "-5"), TINY_SUITE, "argument --max-tokens-budget: must be an integer >= 0"),
+    (("--agent", "random", "--concurrency", "0"), TINY_SUITE, "argument --concurrency: must be an integer >= 1, got 0"),
+    (("--agent", "random", "--temperature", "nan"), TINY_SUITE, "argument --temperature: must be a finite number, got nan"),
     # tracebacks before: yaml's ScannerError, TypeError, KeyError
     (("--agent", "random"), "name: [x\n",
      "suite.yaml: not a suite YAML file (line 2, column 1: while parsing a flow sequence: expected ','"),
@@ -397,7 +400,8 @@ def test_bad_bench_input_fails_on_one_line_and_writes_nothing(args: tuple[str, .
     result = subprocess.run([sys.executable, "-m", "rl_llm.cli", "bench", *args, "--suite", str(path), "--out",
                              str(out)], capture_output=True, text=True, timeout=300,
                             env=cli_env(COLUMNS="200", RL_LLM_CACHE=str(tmp_path / "cache")))  # fmt: skip
-    assert result.returncode == 2 and message in result.stdout, result.stdout + result.stderr
+    said = result.stderr if message.startswith("argument --") else result.stdout
+    assert result.returncode == 2 and message in said, result.stdout + result.stderr
     assert "Traceback" not in result.stderr and not out.exists()
 
 

@@ -195,6 +195,12 @@ def test_nan_and_infinity_are_refused_for_every_number(override: str) -> None:
     ("ppo.critic_lr=-1", "ppo.critic_lr must be > 0, got -1.0"),
     ("seed=4294967296", r"seed must be in \[0, 4294967295\], got 4294967296"),  # numpy's words after start-up
     ("loss.norm_constant=0", "loss.norm_constant must be >= 1, got 0.0"),  # fell back to max_new_tokens
+    # each passed, and failed once the model had loaded and the server started (or never started)
+    ("rollout.vllm.max_model_len=-5", "rollout.vllm.max_model_len must be >= 1, got -5"),
+    ("rollout.vllm.server_url=notaurl", "rollout.vllm.server_url must be a server URL starting with http:// or "
+                                        "https://, such as http://127.0.0.1:8000, got 'notaurl'"),
+    ("rollout.vllm.server_gpus=abc", r"rollout.vllm.server_gpus must be CUDA_VISIBLE_DEVICES for the server \(GPU "
+                                     r"indices or UUIDs, comma-separated, such as 1 or 2,3; empty: none\), got 'abc'"),
     ("loss.norm_constant=1e-300", "loss.norm_constant must be >= 1, got 1e-300"),  # NaN gradients every step
     ("optim.betas=[0.9]", r"optim.betas must be two numbers in \[0, 1\) \(Adam's\), got \[0.9\]"),  # IndexError
     ("optim.betas=[2, 3]", r"optim.betas must be two numbers in \[0, 1\) \(Adam's\), got \[2.0, 3.0\]"),
