@@ -7,6 +7,7 @@ model's output at position ``t - 1`` (the state in which token ``t`` was chosen)
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,8 @@ from torch import nn
 from rl_llm.agents.sampling import STRICT_MODE_LOCK
 from rl_llm.trainers.config import ConfigError, LoraConfig, ModelConfig
 from rl_llm.trainers.losses import entropy_from_logits
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -82,6 +85,12 @@ def make_deterministic(device: torch.device, enabled: bool = True) -> bool:
     """
     if device.type != "cuda" or not enabled:
         return False
+    if "CUBLAS_WORKSPACE_CONFIG" not in os.environ and torch.cuda.is_initialized():
+        # cuBLAS reads the setting once, at its first matmul: if this process already ran one (a notebook, an
+        # evaluation before the run), setting it now is too late and the strict backward will refuse cuBLAS.
+        logger.warning("model.deterministic: CUDA was in use before the run set CUBLAS_WORKSPACE_CONFIG; if a "
+                       "matmul ran already, the backward may stop on cuBLAS. Set CUBLAS_WORKSPACE_CONFIG=:4096:8 "
+                       "in the environment before starting Python")  # fmt: skip
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # a user's own setting wins
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.deterministic = True

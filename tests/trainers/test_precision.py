@@ -390,6 +390,21 @@ def test_nondeterminism_message_reads_pytorchs_refusal_only(strict_determinism: 
     assert nondeterminism_message(ValueError("does not have a deterministic implementation")) is None
 
 
+def test_cuda_in_use_before_the_cublas_setting_is_said(cuda_switches: list, monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """cuBLAS reads CUBLAS_WORKSPACE_CONFIG at its first matmul: set after one, the strict backward refuses."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with caplog.at_level("WARNING", logger="rl_llm.trainers.modeling"):
+        make_deterministic(torch.device("cuda", 0), True)
+    assert "Set CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment before starting Python" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # the CLI's order: nothing said
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    with caplog.at_level("WARNING", logger="rl_llm.trainers.modeling"):
+        make_deterministic(torch.device("cuda", 0), True)
+    assert not caplog.text
+
+
 def test_a_users_cublas_workspace_setting_is_kept(cuda_switches: list, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
     make_deterministic(torch.device("cuda", 0), True)
