@@ -10,8 +10,8 @@ raised deep inside the recorder and stopped the whole rollout. Each problem belo
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from numbers import Real
+from collections.abc import Iterable, Mapping, Sequence
+from numbers import Integral, Real
 from typing import Any
 
 # Exact types first: ``isinstance(x, Real)`` is an ABC check, and the engine runs these on every env step.
@@ -45,14 +45,40 @@ def _text_problem(observation: Any, info: Any, who: str = "") -> str | None:
     return None
 
 
+def _flag_problem(value: Any, what: str) -> str | None:
+    """A switch the engine branches on (``terminated``, ``info["invalid_action"]``): a bool, numpy's, 0 or 1.
+    An array raised "truth value is ambiguous" out of the whole rollout; the string "False" was true."""
+    if type(value) is bool or (getattr(value, "shape", None) == () and getattr(value.dtype, "kind", "") == "b"):
+        return None
+    if isinstance(value, Real) and value in (0, 1):
+        return None
+    return f"{what} that is not a bool: {value!r}"[:200]
+
+
+def _start_problem(info: Any, who: str = "") -> str | None:
+    """What a reset's info says about the episode: ``stop`` a list of str (a bare "</a>" became the stop
+    strings "<", "/", "a", ">"), ``system_prompt`` a str (an int reached the chat template's traceback)."""
+    stop = info.get("stop", ())
+    if isinstance(stop, str) or not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        return f"an info['stop']{who} that is not a list of str: {stop!r}"[:200]
+    if not isinstance(info.get("system_prompt", ""), str):
+        return f"an info['system_prompt']{who} that is not text: {type(info['system_prompt']).__name__}"
+    return None
+
+
 def reset_problem(observation: Any, info: Any) -> str | None:
-    """None when a single-agent ``reset`` gave ``(str, dict)``, else what is wrong."""
-    return _text_problem(observation, info)
+    """None when a single-agent ``reset`` gave ``(str, dict)`` with a usable ``stop``/``system_prompt``, else
+    what is wrong."""
+    return _text_problem(observation, info) or _start_problem(info)
 
 
-def step_problem(observation: Any, reward: Any, info: Any) -> str | None:
-    """None when a single-agent ``step`` gave a text observation, a finite reward and a dict, else what is wrong."""
-    return _text_problem(observation, info) or _reward_problem(reward)
+def step_problem(observation: Any, reward: Any, info: Any, terminated: Any = False,
+                 truncated: Any = False) -> str | None:  # fmt: skip
+    """None when a single-agent ``step`` gave a text observation, a finite reward, a dict and bool flags,
+    else what is wrong."""
+    return (_text_problem(observation, info) or _reward_problem(reward)
+            or _flag_problem(terminated, "a terminated") or _flag_problem(truncated, "a truncated")
+            or _flag_problem(info.get("invalid_action", False), "an info['invalid_action']"))  # fmt: skip
 
 
 def game_problem(names: Iterable[str], observations: Any, infos: Any, rewards: Any = None,
@@ -71,8 +97,30 @@ def game_problem(names: Iterable[str], observations: Any, infos: Any, rewards: A
             return f"no observation or info for player {name!r}"
         who = f" for {name!r}"
         problem = _text_problem(observations[name], infos[name], who)
+        if problem is None and rewards is None:
+            problem = _start_problem(infos[name], who)
         if problem is None and rewards is not None:
-            problem = _reward_problem(rewards.get(name, 0.0), who)
+            problem = (_reward_problem(rewards.get(name, 0.0), who)
+                       or _flag_problem(infos[name].get("invalid_action", False), f"an info['invalid_action']{who}")
+                       or next((p for flag in flags if (p := _flag_problem(flag.get(name, False), f"a flag{who}"))),
+                               None))  # fmt: skip
         if problem is not None:
             return problem
+    return None
+
+
+def token_problem(token_ids: Sequence[Any], logprobs: Sequence[Any]) -> str | None:
+    """What is wrong with a token backend's completion, or None: one log-prob per token (a shorter list shifted
+    every later token's log-prob, with no error), token ids that are ints >= 0, log-probs finite (a NaN one
+    reaches the loss as a NaN reward does). Once per turn, so cheap: a sum is finite only if every term is."""
+    if len(token_ids) != len(logprobs):
+        return f"{len(token_ids)} token ids but {len(logprobs)} log-probs"
+    if token_ids and (not all(type(t) is int or isinstance(t, Integral) for t in token_ids) or min(token_ids) < 0):
+        return f"token ids that are not all integers >= 0: {list(token_ids)[:20]!r}"[:200]
+    try:
+        finite = math.isfinite(sum(logprobs))
+    except TypeError:  # not numbers
+        finite = False
+    if not finite:
+        return f"log-probs that are not all finite numbers: {list(logprobs)[:20]!r}"[:200]
     return None

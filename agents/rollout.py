@@ -77,7 +77,7 @@ import gymnasium as gym
 
 from rl_llm.agents.aio import run_sync
 from rl_llm.agents.batching import BatchScheduler, BatchStats
-from rl_llm.agents.env_output import game_problem, reset_problem, step_problem
+from rl_llm.agents.env_output import game_problem, reset_problem, step_problem, token_problem
 from rl_llm.agents.http_client import ContextLengthExceeded
 from rl_llm.agents.llm import GenerationRequest, LLMPolicy
 from rl_llm.agents.policy import Completion, EpisodeAgent, EpisodeStart, Policy, as_completion
@@ -155,6 +155,7 @@ def collect(
 
 GAME_PREFIX = "social/"
 MAX_GAME_STEPS = 10_000  # a game that has not ended after this many env steps is truncated
+MAX_EPISODE_STEPS = 100_000  # a single-agent episode past this many steps is an error (no turn limit)
 
 
 def collect_games(
@@ -382,8 +383,8 @@ class RolloutEngine:
                 except Exception as error:
                     return record.fail(f"agent failed: {type(error).__name__}: {error}"), True
         result, healthy = await self._turns(env, job, seat)
-        if seat.agent is not None and isinstance(result, Trajectory):
-            seat.agent.end(result)
+        if isinstance(result, Trajectory):
+            _end_agent(seat, result)
         return result, healthy
 
     async def _turns(self, env: gym.Env, job: EpisodeJob, seat: _Seat) -> tuple[Trajectory | PausedEpisode, bool]:
@@ -392,6 +393,9 @@ class RolloutEngine:
         while True:
             if self._pausing:
                 return PausedEpisode(replace(job, resume=None), env, seat), True
+            if len(record.trajectory.turns) >= MAX_EPISODE_STEPS:  # an env with no turn limit ran on forever
+                return record.fail(f"the env did not end the episode within {MAX_EPISODE_STEPS:,} steps; give it a "
+                                   "turn limit (max_turns)"), False  # fmt: skip
             try:
                 completion = await self._act(seat, job)
             except ContextLengthExceeded:  # a chat-only server counted the tokens for us: the episode is full
@@ -404,7 +408,7 @@ class RolloutEngine:
                 observation, reward, terminated, truncated, info = await self._in_env_thread(env.step, completion.text)
             except Exception as error:
                 return record.fail(f"env.step failed: {type(error).__name__}: {error}"), False
-            if (problem := step_problem(observation, reward, info)) is not None:
+            if (problem := step_problem(observation, reward, info, terminated, truncated)) is not None:
                 return record.fail(f"env.step returned {problem}"), False
             record.add_step(completion, observation, reward, info)
             if terminated or truncated:
@@ -444,7 +448,15 @@ class RolloutEngine:
     # -- one match of a two-player game ------------------------------------------------------------------
     async def _play_game(self, env: Any, job: EpisodeJob) -> tuple[tuple[Trajectory, ...], bool]:
         """Play one match; one trajectory per seat (in ``env.possible_agents`` order) and whether the env may
-        be reused."""
+        be reused. Each seat's ``EpisodeAgent`` is told the match is over (``end``), as in a single-agent episode."""
+        seats: list[_Seat] = []
+        results, healthy = await self._play_match(env, job, seats)
+        for seat, result in zip(seats, results, strict=False):
+            _end_agent(seat, result)
+        return results, healthy
+
+    async def _play_match(self, env: Any, job: EpisodeJob, seats: list[_Seat]) -> tuple[tuple[Trajectory, ...], bool]:
+        """``_play_game``'s match, filling ``seats`` (one per player) as it makes them."""
         names = list(env.possible_agents)
         players = list(job.players or ())
         players += [None] * (len(names) - len(players))
@@ -458,7 +470,6 @@ class RolloutEngine:
                 return "self" if players[index] is self.policy else "policy"
             return str(getattr(other, "name", type(other).__name__))
 
-        seats = []
         for index, (name, player) in enumerate(zip(names, players, strict=True)):
             trajectory = Trajectory(
                 env_id=self.env_id, task_id="", seed=job.seed, group_index=job.group_index, seat=name,
@@ -601,10 +612,14 @@ class _Recorder:
             self._add_tokens(self.chat_format.prompt_ids(trajectory.messages), TokenRole.PROMPT)
 
     def add_completion(self, completion: Completion, policy_version: int) -> None:
+        if not isinstance(completion.text, str):  # None reached env.step, 123 the trajectory file
+            raise TypeError(f"a completion's text must be a str, got {type(completion.text).__name__}")
         self._turn_start = len(self.trajectory.token_ids)
         if self.tokenized:
             if completion.token_ids is None or completion.logprobs is None:
                 raise RuntimeError("a token backend returned a completion without token ids or log-probs")
+            if (problem := token_problem(completion.token_ids, completion.logprobs)) is not None:
+                raise ValueError(f"a token backend returned {problem}")
             self._add_tokens(completion.token_ids, TokenRole.POLICY, completion.logprobs)
         self.trajectory.messages.append(Message("assistant", completion.text))
         self._policy_version = policy_version
@@ -683,3 +698,17 @@ def write_trajectories(trajectories: Iterable[Trajectory], path: str | Path) -> 
 def read_trajectories(path: str | Path) -> list[Trajectory]:
     with Path(path).open(encoding="utf-8") as handle:
         return [Trajectory.from_json(line) for line in handle if line.strip()]
+
+
+def _end_agent(seat: _Seat, result: Trajectory) -> None:
+    """Tell the seat's agent its episode is over; its failure is the episode's, recorded like any other agent
+    call's (it raised out of the whole rollout before, and every episode was lost)."""
+    if seat.agent is None:
+        return
+    try:
+        seat.agent.end(result)
+    except Exception as error:
+        if result.error is None:
+            result.error = f"agent.end failed: {type(error).__name__}: {error}"
+            result.truncated, result.end_reason = True, "error"
+
