@@ -74,6 +74,12 @@ def write_text_atomic(path: Path, text: str) -> None:
         os.fsync(handle.fileno())
 
 
+def save_atomic(tensors: Any, path: Path) -> None:
+    """``torch.save`` to ``path`` whole or not at all (a temporary file renamed into place)."""
+    with atomic_path(path) as temporary:
+        torch.save(tensors, temporary)
+
+
 class Checkpointer:
     def __init__(self, root: str | Path, keep: int = 2) -> None:
         self.root = Path(root)

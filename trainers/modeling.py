@@ -298,6 +298,17 @@ class FrozenReference:
         if not is_peft(model):
             self.copy = copy.deepcopy(model).eval().requires_grad_(False)
 
+    @classmethod
+    def snapshot(cls, model: nn.Module) -> FrozenReference:
+        """A frozen copy of the policy as it is now (after a warm start), adapters merged under LoRA: there the
+        base model with adapters off was the model from before the warm start, not the warm-started policy
+        the KL term is meant to anchor to (the KL at the first step was 0.05 instead of 0 on the tiny model)."""
+        reference = cls.__new__(cls)
+        reference.model = model
+        frozen = copy.deepcopy(model)
+        reference.copy = (frozen.merge_and_unload() if is_peft(frozen) else frozen).eval().requires_grad_(False)
+        return reference
+
     @torch.no_grad()
     def logprobs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float, positions: torch.Tensor | None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import random
 import time
@@ -34,6 +35,7 @@ from rl_llm.trainers.checkpoint import (
     CheckpointError,
     restore_rng_state,
     rng_state,
+    save_atomic,
     write_text_atomic,
 )
 from rl_llm.trainers.config import ConfigError, TrainConfig, config_to_dict
@@ -57,6 +59,10 @@ from rl_llm.trainers.precision import Precision
 from rl_llm.trainers.rewards import OTCTransform, pods_select
 from rl_llm.trainers.trackers import Trackers, comparison_table
 from rl_llm.types import Trajectory
+
+logger = logging.getLogger(__name__)
+# A warm-started run's KL anchor (the policy after its warm start), kept so that a resumed run anchors there too.
+REFERENCE_FILE = "warm_start_reference.pt"
 
 
 def env_factory(config: TrainConfig) -> Callable[[], gym.Env]:
@@ -155,6 +161,7 @@ class TrainingRun:
         self.sampling_metrics: dict[str, float] = {}
         if resume is not None:
             self._restore(resume)
+            self._restore_reference()
         self.make_env = env_factory(config)  # evaluation's env; training's may set a curriculum level
         self.train_env = train_env_factory(config, self.make_env)
         if resume is None and config.sft.enabled:  # warm start: SFT on expert episodes (trainers/sft.py)
@@ -163,8 +170,9 @@ class TrainingRun:
             source = config.sft.data or f"{config.sft.episodes} episodes of the {config.sft.baseline} baseline"
             self.phase(f"warm start: SFT on {source}")
             warm_start(self)
-            if self.reference is not None:
-                self.reference = FrozenReference(self.model)  # the KL anchor is the warm-started policy
+            if self.reference is not None:  # the KL anchor is the warm-started policy, kept for a resumed run
+                self.reference = FrozenReference.snapshot(self.model)
+                save_atomic(self.reference.copy.state_dict(), self.run_dir / REFERENCE_FILE)
             release_cached_memory(self.device)  # the SFT optimizer's state and activations are garbage now
         # The generator (rollout policy) and its weight sync, as the config chooses (trainers/generation.py).
         vllm = f" ({config.rollout.vllm.mode})" if config.rollout.backend == "vllm" else ""
@@ -405,6 +413,20 @@ class TrainingRun:
         self._resumed_generation = state.get("generation", {})  # the generator is built after the restore
         if self.league is not None:
             self.league.load_state_dict(state.get("league", {}))
+
+    def _restore_reference(self) -> None:
+        """A resumed warm-started run's KL anchor: the warm-started policy saved at its warm start (built from
+        model.path, it was the model from before the warm start)."""
+        if self.reference is None or not self.config.sft.enabled:
+            return
+        path = self.run_dir / REFERENCE_FILE
+        if not path.is_file():  # a run from before the file was kept
+            logger.warning("%s is missing: the KL reference of this resumed run is model.path, not the warm-started "
+                           "policy", path)  # fmt: skip
+            return
+        reference = FrozenReference.snapshot(self.model)
+        reference.copy.load_state_dict(torch.load(path, map_location="cpu"))
+        self.reference = reference
 
     # -- evaluation and the end of a run ------------------------------------------------------------------
     def evaluate(self) -> EvalResult:

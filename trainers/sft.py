@@ -42,7 +42,7 @@ from rl_llm.agents.policy import EpisodeAgent, EpisodeStart, Policy, TextPolicy,
 from rl_llm.agents.rollout import collect
 from rl_llm.trainers.batch import TrainBatch, collate, micro_batches
 from rl_llm.trainers.checkpoint import write_text_atomic
-from rl_llm.trainers.modeling import token_logprobs
+from rl_llm.trainers.modeling import is_peft, token_logprobs
 from rl_llm.trainers.precision import Precision
 from rl_llm.types import Message, Trajectory
 
@@ -261,7 +261,10 @@ def warm_start(run: TrainingRun) -> dict[str, Any]:
     device = run.device
     # The untrained policy on the held-out seeds, with the hf backend on the trainer's module (no copy).
     sampling = SamplingParams(config.rollout.max_new_tokens, config.rollout.temperature, config.rollout.top_p)
-    policy = HFPolicy(run.model, run.tokenizer, sampling=sampling, seed=config.seed,
+    # The LoRA-injected base model under peft (as the rollout generator takes it): a PeftModel is no
+    # PreTrainedModel, and HFPolicy took it for a model path (a LoRA run with a warm start failed there).
+    module = run.model.get_base_model() if is_peft(run.model) else run.model
+    policy = HFPolicy(module, run.tokenizer, sampling=sampling, seed=config.seed,
                       max_batch_size=config.rollout.concurrency, autocast_dtype=run.precision.autocast_dtype)  # fmt: skip
     eval_seeds = list(range(config.eval.seed, config.eval.seed + config.eval.episodes))
     try:

@@ -148,6 +148,34 @@ def test_a_restored_run_has_exactly_the_saved_state(tmp_path: Path, lora: bool) 
     restored.close()
 
 
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_the_kl_anchor_of_a_warm_started_run_is_the_warm_started_policy_also_when_resumed(
+    tmp_path: Path, lora: bool
+) -> None:
+    """Under LoRA the reference was the base model with adapters off: the policy from before the warm start
+    (the KL at step 0 was 0.05 instead of 0). A resumed warm-started run built it from model.path, LoRA or not."""
+    if lora:
+        pytest.importorskip("peft", reason="LoRA needs peft (pip install 'rl-llm[trl]')")
+    config = load_config(overrides=[*ONE_TURN_BANDIT, *QUIET, "steps=2", f"model.lora.enabled={lora}", "loss.kl_coef=0.1",
+                                    "sft.episodes=16", "sft.held_out_episodes=4", "sft.baseline=oracle", "sft.epochs=2",
+                                    "sft.lr=0.05"])  # fmt: skip
+    run = TrainingRun(config, tmp_path)
+    batch = run.score(run.collect())
+    ids, mask = batch.input_ids, batch.attention_mask
+    from rl_llm.trainers.modeling import token_logprobs
+
+    with torch.no_grad():
+        policy = token_logprobs(run.model, ids, mask, positions=batch.policy_mask)[0]
+    reference = run.reference.logprobs(ids, mask, 1.0, batch.policy_mask)
+    assert torch.allclose(policy, reference, atol=1e-5)  # KL 0 at the first step
+    run.step = 1
+    run.save_checkpoint()
+    run.close()
+    resumed = TrainingRun(config, tmp_path)
+    assert torch.allclose(resumed.reference.logprobs(ids, mask, 1.0, batch.policy_mask), reference, atol=1e-6)
+    resumed.close()
+
+
 def test_train_main_reports_bad_configs_and_missing_models(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert train_main(None, ["optim.lrr=1"], out=str(tmp_path)) == 2
     assert "unknown config key 'optim.lrr' (did you mean 'optim.lr'?)" in capsys.readouterr().out
