@@ -271,17 +271,22 @@ def round_returns(trajectory: Trajectory, gamma: float, scale: float = 1.0) -> d
     return dict(zip(rewards, discounted_returns(list(rewards.values()), gamma, scale), strict=True))
 
 
-def rloo_by_round(returns: Sequence[dict[int, float]], groups: Sequence[Hashable]) -> list[dict[int, float]]:
-    """Per round ``t``: ``A_i,t = G_i,t - mean_{j != i} G_j,t`` over the members of ``i``'s group that played
-    round ``t``; a member with no such other member keeps ``G_i,t`` (baseline 0, as ``advantages.rloo``)."""
+def rloo_by_round(returns: Sequence[dict[int, float]], groups: Sequence[Hashable],
+                  games: Sequence[Hashable] | None = None) -> list[dict[int, float]]:  # fmt: skip
+    """Per round ``t``: ``A_i,t = G_i,t - mean_{j} G_j,t`` over the members ``j`` of ``i``'s group that played
+    round ``t`` in other games than ``i``'s (``games``: each member's game; default, each its own); a member
+    with no such other member keeps ``G_i,t`` (baseline 0, as ``advantages.rloo``). Other games only: in
+    self-play both seats of a game are in one group, and the co-player's return depends on ``i``'s own
+    moves (defecting lowers it), so counting it made the baseline depend on the action it judges."""
     members: dict[Hashable, list[int]] = {}
     for i, group in enumerate(groups):
         members.setdefault(group, []).append(i)
+    game_of = list(games) if games is not None else list(range(len(returns)))
     out: list[dict[int, float]] = []
     for i, own in enumerate(returns):
         advantages = {}
         for t, value in own.items():
-            others = [returns[j][t] for j in members[groups[i]] if j != i and t in returns[j]]
+            others = [returns[j][t] for j in members[groups[i]] if game_of[j] != game_of[i] and t in returns[j]]
             advantages[t] = value - (sum(others) / len(others) if others else 0.0)
         out.append(advantages)
     return out
@@ -337,6 +342,7 @@ def match_advantages(matches: Sequence[Match], config: TrainConfig) -> dict[int,
     baseline = config.algorithm == "rloo"
     flat: list[Trajectory] = []
     groups: list[Hashable] = []
+    games: list[int] = []
     where: dict[int, tuple[int, int]] = {}
     for m, match in enumerate(matches):
         for s, trajectory in enumerate(match.seats):
@@ -347,8 +353,9 @@ def match_advantages(matches: Sequence[Match], config: TrainConfig) -> dict[int,
             where[id(trajectory)] = (m, s)
             flat.append(trajectory)
             groups.append((trajectory.seed, match.opponent, learner, seat))
+            games.append(m)
     returns = [round_returns(t, settings["gamma"], settings["reward_scale"]) for t in flat]
-    advantages = rloo_by_round(returns, groups) if baseline else returns
+    advantages = rloo_by_round(returns, groups, games) if baseline else returns
     by_id = {id(t): a for t, a in zip(flat, advantages, strict=True)}
     out: dict[int, dict[int, float]] = {}
     for match in matches:

@@ -62,6 +62,9 @@ def test_rloo_per_round_over_the_members_that_played_the_round() -> None:
     assert out[1] == pytest.approx({1: -1.5, 2: 4.0})  # 1 - mean(3, 2); 5 - 1
     assert out[2] == pytest.approx({1: 0.0})  # 2 - mean(3, 1)
     assert out[3] == pytest.approx({1: 4.0})  # alone in its group: baseline 0
+    # members of one game never baseline each other (a self-play match's two seats): 0 and 1 are one game
+    same_game = rloo_by_round(returns, ["g", "g", "g", "h"], games=[0, 0, 1, 2])
+    assert same_game[0] == pytest.approx({1: 1.0, 2: 1.0}) and same_game[1] == pytest.approx({1: -1.0, 2: 5.0})
 
 
 def test_advantage_alignment_by_hand() -> None:
@@ -82,33 +85,35 @@ def test_match_advantages_rloo_pooled_seats_and_advantage_alignment() -> None:
     matches = self_play_matches()
     plain = match_advantages(matches, load_config(None, base))
     (a0, a1), (b0, b1) = (m.seats for m in matches)
-    # One group of four (self-play pools the seats): round 1 returns 3, 5.5, 3.5, 1; round 2: 0, 5, 5, 0.
-    assert plain[id(a0)] == pytest.approx({1: 3 - 10 / 3, 2: -10 / 3})
-    assert plain[id(a1)] == pytest.approx({1: 3.0, 2: 10 / 3})
-    assert plain[id(b0)] == pytest.approx({1: 1 / 3, 2: 10 / 3})
-    assert plain[id(b1)] == pytest.approx({1: -3.0, 2: -10 / 3})
+    # One group of four (self-play pools the seats): round 1 returns 3, 5.5, 3.5, 1; round 2: 0, 5, 5, 0. Each
+    # seat's baseline is the other game's seats (mean 2.25 / 2.5 for game A's, 4.25 / 2.5 for game B's), never its
+    # co-player's, whose return its own moves set (with it, a0's baseline was mean(5.5, 3.5, 1) = 10/3).
+    assert plain[id(a0)] == pytest.approx({1: 0.75, 2: -2.5})
+    assert plain[id(a1)] == pytest.approx({1: 3.25, 2: 2.5})
+    assert plain[id(b0)] == pytest.approx({1: -0.75, 2: 2.5})
+    assert plain[id(b1)] == pytest.approx({1: -3.25, 2: -2.5})
     aligned = match_advantages(matches, load_config(None, [*base, "social.advantage_alignment=true"]))
-    # A0: [-1/3, -10/3 + 1 * (-1/3) * (10/3)]; A1: [3, 10/3 + 3 * (-10/3)]
-    assert aligned[id(a0)] == pytest.approx({1: -1 / 3, 2: -10 / 3 - 10 / 9})
-    assert aligned[id(a1)] == pytest.approx({1: 3.0, 2: 10 / 3 - 10.0})
+    # A0: [0.75, -2.5 + 1 * 0.75 * 2.5]; A1: [3.25, 2.5 + 3.25 * (-2.5)]
+    assert aligned[id(a0)] == pytest.approx({1: 0.75, 2: -2.5 + 1.875})
+    assert aligned[id(a1)] == pytest.approx({1: 3.25, 2: 2.5 - 8.125})
 
 
 def test_centred_advantages_subtract_the_batch_mean_of_the_aligned_ones() -> None:
-    """Aligned (above), b0 is [1/3, 10/3 + (1/3)(-10/3)] and b1 [-3, -10/3 + (-3)(10/3)]: the eight values sum
-    to -200/9 (the Advantage Alignment term's negative mean), so each loses the mean -25/9; plain RLOO sums
-    to zero and centring leaves it as it is."""
+    """Aligned (above), b0 is [-0.75, 2.5 + (-0.75)(-2.5)] and b1 [-3.25, -2.5 + (-3.25)(2.5)]: the eight values
+    sum to -12.5 (the Advantage Alignment term's negative mean), so each loses the mean -1.5625; plain RLOO
+    sums to zero and centring leaves it as it is."""
     base = [*IPD, "social.gamma=0.5", "social.reward_scale=1.0", "social.gamma_aa=1.0", "social.beta=1.0",
             "social.center_advantages=true"]  # fmt: skip
     matches = self_play_matches()
     (a0, a1), (b0, b1) = (m.seats for m in matches)
     centred = match_advantages(matches, load_config(None, [*base, "social.advantage_alignment=true"]))
-    shift = 25 / 9
-    assert centred[id(a0)] == pytest.approx({1: -1 / 3 + shift, 2: -10 / 3 - 10 / 9 + shift})
-    assert centred[id(b0)] == pytest.approx({1: 1 / 3 + shift, 2: 10 / 3 - 10 / 9 + shift})
-    assert centred[id(b1)] == pytest.approx({1: -3.0 + shift, 2: -10 / 3 - 10.0 + shift})
+    shift = 1.5625
+    assert centred[id(a0)] == pytest.approx({1: 0.75 + shift, 2: -0.625 + shift})
+    assert centred[id(b0)] == pytest.approx({1: -0.75 + shift, 2: 4.375 + shift})
+    assert centred[id(b1)] == pytest.approx({1: -3.25 + shift, 2: -10.625 + shift})
     assert sum(v for a in centred.values() for v in a.values()) == pytest.approx(0.0)
     plain = match_advantages(matches, load_config(None, base))
-    assert plain[id(a1)] == pytest.approx({1: 3.0, 2: 10 / 3})
+    assert plain[id(a1)] == pytest.approx({1: 3.25, 2: 2.5})
     with pytest.raises(ConfigError, match=r"center_advantages needs social\.credit=round"):
         load_config(None, [*IPD, "social.credit=outcome", "algorithm=grpo", "social.center_advantages=true"])
 
@@ -124,12 +129,13 @@ def test_role_baseline_groups_each_seat_apart() -> None:
 
 def test_zero_sum_self_play_advantages_cancel_without_the_role_baseline() -> None:
     """TicTacToe-like: player_0 always wins (+1), player_1 loses (-1). Pooled, the seats' advantages are
-    +-(1 + 1/3) and cancel across seats; per seat, both are 0 (nothing to learn from a fixed outcome)."""
+    +-1 (the other game's seats average 0) and cancel across seats; per seat, both are 0 (nothing to learn from
+    a fixed outcome)."""
     games = [Match((seat([1.0], "player_0", seed=0), seat([-1.0], "player_1", seed=0)), (0, 1), "self_play")
              for _ in range(2)]  # fmt: skip
     base = ["env.id=social/tictactoe_v0", "eval.baselines=[random]", "algorithm=rloo"]
     pooled = match_advantages(games, load_config(None, [*base, "social.role_baseline=false"]))
-    assert pooled[id(games[0].seats[0])] == pytest.approx({1: 1 - (1 - 1 - 1) / 3})
+    assert pooled[id(games[0].seats[0])] == pytest.approx({1: 1.0})
     per_seat = match_advantages(games, load_config(None, base))  # the game's preset: role baseline on
     assert all(value == pytest.approx({1: 0.0}) for value in per_seat.values())
 
