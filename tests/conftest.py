@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,12 @@ settings.register_profile(
 )
 settings.register_profile("thorough", max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# A test run started as a background job (`nohup python -m pytest &`) inherits SIGINT ignored: Python then
+# installs no KeyboardInterrupt handler and every shell the sandboxes start ignores interrupts too, which the
+# Ctrl-C tests of tests/sandboxes exercise. Interrupts work here as they do in a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Tag fragments every env parser meets: complete, unclosed, nested and misspelled tags of all envs.
 TAG_FRAGMENTS = [
