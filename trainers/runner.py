@@ -424,9 +424,9 @@ class TrainingRun:
             logger.warning("%s is missing: the KL reference of this resumed run is model.path, not the warm-started "
                            "policy", path)  # fmt: skip
             return
-        reference = FrozenReference.snapshot(self.model)
-        reference.copy.load_state_dict(torch.load(path, map_location="cpu"))
-        self.reference = reference
+        if self.reference.copy is None:  # LoRA: no copy yet (adapters off); a full run loads into the one it has
+            self.reference = FrozenReference.snapshot(self.model)
+        self.reference.copy.load_state_dict(torch.load(path, map_location="cpu"))
 
     # -- evaluation and the end of a run ------------------------------------------------------------------
     def evaluate(self) -> EvalResult:

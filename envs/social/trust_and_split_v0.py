@@ -91,12 +91,13 @@ class raw_env(NegotiationEnv):  # lower-case: PettingZoo's module convention
         low = checks.integer("value_range[0]", bounds[0], maximum=int(checks.MAX_REWARD))
         high = checks.integer("value_range[1]", bounds[1], minimum=low, maximum=int(checks.MAX_REWARD))
         low_value = checks.reward("low_value", low_value, minimum=0.0)
-        if not low_value < checks.reward("high_value", high_value, minimum=0.0):
+        high_value = checks.reward("high_value", high_value, minimum=0.0)
+        if not low_value < high_value:
             raise ValueError(f"need 0 <= low_value < high_value, got {low_value}, {high_value}")
         self.variant = variant
         self.value_range = (low, high)
         self.equal_totals = checks.flag("equal_totals", equal_totals)
-        self.high_value, self.low_value = float(high_value), low_value
+        self.high_value, self.low_value = high_value, low_value
 
     @property
     def task_name(self) -> str:

@@ -362,12 +362,8 @@ class TerminalEnv(TextEnv):
 def _checked_sandbox(spec: Any) -> Any:
     """``sandbox`` as given, once it is something a sandbox can come from: None or a number passed
     ``gym.make`` and failed at the first reset with an ``AttributeError``."""
-    if isinstance(spec, str):
-        if spec != "auto" and spec not in BACKENDS:
-            raise ValueError(f"sandbox must be 'auto', a backend name {list(BACKENDS)}, a Sandbox or a SandboxPool, "
-                             f"got {spec!r}")  # fmt: skip
-        return spec
-    if not (isinstance(spec, Sandbox) or hasattr(spec, "acquire")):
+    usable = spec in ("auto", *BACKENDS) if isinstance(spec, str) else isinstance(spec, Sandbox) or hasattr(spec, "acquire")
+    if not usable:
         raise ValueError(f"sandbox must be 'auto', a backend name {list(BACKENDS)}, a Sandbox or a SandboxPool, got "
                          f"{type(spec).__name__} {spec!r}")  # fmt: skip
     return spec
